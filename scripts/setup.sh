@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Set up verl-group-ppo on a CPU machine: a virtual environment in .venv with the CPU build of torch,
+# verl (no extras: they pin a CUDA torch) and this package with its test and demo extras.
+# Re-running is safe and fast when everything is already installed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+TORCH_VERSION=${TORCH_VERSION:-2.13.0}
+
+if [ ! -x .venv/bin/python ]; then
+  echo "[setup] creating .venv with $($PY --version)"
+  "$PY" -m venv .venv
+fi
+VPY=.venv/bin/python
+"$VPY" -m pip install -q --upgrade pip
+
+if ! "$VPY" -c "import torch, sys; sys.exit(0 if torch.__version__.split('+')[0] == '$TORCH_VERSION' else 1)" 2>/dev/null; then
+  echo "[setup] installing torch==$TORCH_VERSION (CPU build when the local wheel is present)"
+  "$VPY" -m pip install -q "torch==$TORCH_VERSION"
+fi
+
+# Pin whatever torch is now installed, so that nothing below can replace it with a CUDA build.
+CONSTRAINTS=.venv/torch-constraints.txt
+"$VPY" -c "import torch; print('torch==' + torch.__version__)" > "$CONSTRAINTS"
+echo "[setup] installing verl-group-ppo[test,demo] under $(cat $CONSTRAINTS)"
+"$VPY" -m pip install -q -c "$CONSTRAINTS" -e ".[test,demo]"
+"$VPY" -c "import verl, verl_group_ppo; print('[setup] ok: verl', verl.__version__, '| verl-group-ppo', verl_group_ppo.__version__)"
