@@ -1,0 +1,110 @@
+"""The GROUP-PPO critic loss (spec Step 7) in verl's loss-function convention.
+
+verl's critic worker group calls ``loss_fn(model_output, data=micro_batch)`` with one micro-batch at a
+time; the trainer installs it with ``critic_wg.set_loss_fn`` (see :mod:`verl_group_ppo.trainer`).
+
+``critic_loss_on: boundaries`` (default): verl's clipped value loss, ``compute_value_loss``, with the
+per-token weights ``critic_loss_weights`` (N_valid / N_boundary at the critic-mask positions, 0
+elsewhere, counted over the whole training batch in the advantage step) as its mask, so it sums
+``w * loss`` and divides by verl's global token count of the mini-batch (``batch_num_tokens``), times
+``dp_size``. Because the weight is one constant over the batch, this is the mean over boundary positions
+when the mini-batch is the whole batch, and it does not depend on the micro-batch split or the data
+parallel size. A micro-batch without boundary positions contributes exactly 0.
+
+``critic_loss_on: all_tokens``: verl's ``value_loss`` unchanged.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any, Callable
+
+from tensordict import TensorDict
+
+from verl.trainer.ppo.core_algos import compute_value_loss
+from verl.utils import tensordict_utils as tu
+from verl.utils.metric import AggregationType, Metric
+from verl.utils.torch_functional import masked_mean
+from verl.workers.utils.losses import value_loss
+from verl.workers.utils.padding import no_padding_2_padding
+
+from verl_group_ppo.plugin import check_critic_loss_agg_mode
+
+CRITIC_MASK_KEY = "critic_mask"
+"""TransferQueue field: 1 at each group's value slot (its first valid token), 0 elsewhere."""
+CRITIC_WEIGHTS_KEY = "critic_loss_weights"
+"""TransferQueue field: N_valid / N_boundary at critic-mask positions, 0 elsewhere."""
+
+
+def make_critic_loss_fn(critic_config: Any, critic_loss_on: str) -> Callable[..., Any]:
+    """The loss function for ``critic_wg.set_loss_fn``: boundary-weighted, or verl's for ``all_tokens``."""
+    if critic_loss_on == "all_tokens":
+        return partial(value_loss, config=critic_config)
+    if critic_loss_on == "boundaries":
+        check_critic_loss_agg_mode(critic_config.loss_agg_mode)
+        return partial(boundary_value_loss, config=critic_config)
+    raise ValueError(f"group_params.critic_loss_on must be 'boundaries' or 'all_tokens', got {critic_loss_on!r}")
+
+
+def boundary_value_loss(config: Any, model_output: dict, data: TensorDict, dp_group=None):
+    """verl's clipped value loss at the critic-mask positions, weighted per spec Step 7.
+
+    Args:
+        config: verl's ``CriticConfig`` (``cliprange_value``, ``loss_agg_mode`` which must be token-mean).
+        model_output: the critic's output; ``values`` in verl's no-padding layout (prompt + response).
+        data: one micro-batch: nested ``values``, ``returns``, ``response_mask``, ``critic_loss_weights``,
+            plus verl's ``dp_size``, ``batch_num_tokens`` and ``global_batch_size``.
+        dp_group: unused (verl's signature).
+
+    Returns:
+        ``(vf_loss, metrics)`` with verl's ``critic/vf_loss``, ``critic/vf_clipfrac`` (over boundary
+        positions) and ``critic/vpred_mean`` (over valid tokens, as verl reports it).
+    """
+    check_critic_loss_agg_mode(config.loss_agg_mode)
+    if CRITIC_WEIGHTS_KEY not in data.keys():
+        raise KeyError(
+            f"the critic micro-batch has no '{CRITIC_WEIGHTS_KEY}' field: the GROUP-PPO trainer stores it in the "
+            "advantage step; the critic must be trained from the metadata that step returns.")
+    vpreds = no_padding_2_padding(model_output["values"], data)
+    dp_size = tu.get_non_tensor_data(data, key="dp_size", default=1) or 1
+    batch_num_tokens = tu.get_non_tensor_data(data, key="batch_num_tokens", default=None)
+    global_batch_size = tu.get_non_tensor_data(data, key="global_batch_size", default=None)
+
+    padded = data.select("values", "returns", "response_mask", CRITIC_WEIGHTS_KEY).to_padded_tensor()
+    response_mask = padded["response_mask"].bool()
+    weights = padded[CRITIC_WEIGHTS_KEY].to(vpreds.dtype)
+    if batch_num_tokens is None:
+        if dp_size > 1:
+            raise ValueError("batch_num_tokens (verl's global token count) is required when dp_size > 1")
+        batch_num_tokens = response_mask.sum()
+
+    vf_loss, vf_clipfrac = compute_value_loss(
+        vpreds=vpreds,
+        returns=padded["returns"],
+        values=padded["values"],
+        response_mask=weights,  # a weight per position: verl's masked_sum multiplies by it
+        cliprange_value=config.cliprange_value,
+        loss_agg_mode="token-mean",
+        dp_size=dp_size,
+        batch_num_tokens=batch_num_tokens,
+        global_batch_size=global_batch_size,
+    )
+    metrics = {
+        "critic/vf_loss": Metric(value=vf_loss, aggregation=_loss_metric_aggregation(config, data, dp_size)),
+        "critic/vf_clipfrac": vf_clipfrac.detach().item(),
+        "critic/vpred_mean": masked_mean(vpreds, response_mask).detach().item(),
+    }
+    return vf_loss, metrics
+
+
+def _loss_metric_aggregation(config: Any, data: TensorDict, dp_size: int) -> AggregationType:
+    """SUM when the loss is normalised over the global mini-batch (each micro-batch a partial sum), as verl."""
+    global_counts = any(tu.get_non_tensor_data(data, key=key, default=None) is not None
+                        for key in ("batch_num_tokens", "global_batch_size"))
+    if dp_size > 1 or global_counts or getattr(config, "loss_scale_factor", None) is not None:
+        return AggregationType.SUM
+    return AggregationType.MEAN
+
+
+__all__ = ["CRITIC_MASK_KEY", "CRITIC_WEIGHTS_KEY", "boundary_value_loss", "make_critic_loss_fn"]
+
