@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# Shared launcher for the Qwen2.5-Instruct GSM8K examples (GROUP-PPO and its GAE / GRPO baselines).
+#
+#   bash examples/group_ppo_trainer/common.sh SIZE ESTIMATOR [extra Hydra overrides...]
+#
+#   SIZE       0.5b | 1.5b | 3b | 7b          (picks model, GPU count, batch sizes)
+#   ESTIMATOR  group_ppo | gae | grpo
+#
+# The run_qwen2_5-*_gsm8k*.sh scripts next to this file call it with fixed SIZE and ESTIMATOR.
+# Extra arguments are appended after every setting below, so they win (Hydra keeps the last value
+# given for a key), e.g.  trainer.total_epochs=1  trainer.logger=[console,wandb]
+#
+# Environment:
+#   DATA_DIR    where examples/data_preprocess/gsm8k.py wrote train/test.parquet (default ~/data/gsm8k)
+#   MODEL_PATH  model for actor and critic (default: the Hugging Face Qwen2.5-<SIZE>-Instruct id)
+#   PYTHON      interpreter that has verl and verl-group-ppo installed (default python3)
+#
+# The three estimators share every setting except these (and only because the estimator needs it):
+#   group_ppo  algorithm.adv_estimator=group_ppo, critic.enable=True, every
+#              ++algorithm.group_params.* key set explicitly (the values are the package defaults)
+#   gae        algorithm.adv_estimator=gae, critic.enable=True
+#   grpo       algorithm.adv_estimator=grpo, critic.enable=False (GRPO has no critic), and the KL
+#              to the reference policy as a loss term: actor.use_kl_loss=True, kl_loss_coef=0.001,
+#              kl_loss_type=low_var_kl (GROUP-PPO and GAE run without KL, as verl's PPO examples do)
+set -euo pipefail
+
+usage() {
+  sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+  exit 2
+}
+[ $# -ge 2 ] || usage
+size=$1
+estimator=$2
+shift 2
+
+# Per-size resources. Train batch (prompts) x n (responses per prompt) must divide by the GPU count;
+# mini-batches are counted in prompts, micro-batches in responses per GPU.
+case "$size" in
+  0.5b) model=Qwen/Qwen2.5-0.5B-Instruct; n_gpus=2; rollout_tp=1; train_batch=256; mini_batch=64
+        micro_batch=16; log_prob_micro_batch=32; gpu_mem=0.6; ref_offload=False ;;
+  1.5b) model=Qwen/Qwen2.5-1.5B-Instruct; n_gpus=4; rollout_tp=1; train_batch=256; mini_batch=64
+        micro_batch=8; log_prob_micro_batch=32; gpu_mem=0.6; ref_offload=False ;;
+  3b)   model=Qwen/Qwen2.5-3B-Instruct; n_gpus=8; rollout_tp=2; train_batch=512; mini_batch=128
+        micro_batch=8; log_prob_micro_batch=16; gpu_mem=0.5; ref_offload=True ;;
+  7b)   model=Qwen/Qwen2.5-7B-Instruct; n_gpus=8; rollout_tp=2; train_batch=512; mini_batch=128
+        micro_batch=4; log_prob_micro_batch=16; gpu_mem=0.5; ref_offload=True ;;
+  *) echo "common.sh: unknown SIZE '$size' (expected 0.5b, 1.5b, 3b or 7b)" >&2; exit 2 ;;
+esac
+
+DATA_DIR=${DATA_DIR:-$HOME/data/gsm8k}
+MODEL_PATH=${MODEL_PATH:-$model}
+PYTHON=${PYTHON:-python3}
+# Responses sampled per prompt: GRPO needs n > 1; all three estimators use the same n.
+rollout_n=5
+
+shared=(
+  data.train_files="$DATA_DIR/train.parquet"
+  data.val_files="$DATA_DIR/test.parquet"
+  data.train_batch_size=$train_batch
+  data.max_prompt_length=512
+  data.max_response_length=1024
+  data.filter_overlong_prompts=True
+  data.truncation=error
+  algorithm.gamma=1.0
+  algorithm.lam=1.0
+  algorithm.use_kl_in_reward=False
+  actor_rollout_ref.model.path="$MODEL_PATH"
+  actor_rollout_ref.model.use_remove_padding=True
+  actor_rollout_ref.model.enable_gradient_checkpointing=True
+  actor_rollout_ref.actor.optim.lr=1e-6
+  actor_rollout_ref.actor.ppo_mini_batch_size=$mini_batch
+  actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=$micro_batch
+  actor_rollout_ref.actor.entropy_coeff=0
+  actor_rollout_ref.actor.fsdp_config.param_offload=False
+  actor_rollout_ref.actor.fsdp_config.optimizer_offload=False
+  actor_rollout_ref.rollout.name=vllm
+  actor_rollout_ref.rollout.n=$rollout_n
+  actor_rollout_ref.rollout.tensor_model_parallel_size=$rollout_tp
+  actor_rollout_ref.rollout.gpu_memory_utilization=$gpu_mem
+  actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=$log_prob_micro_batch
+  actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=$log_prob_micro_batch
+  actor_rollout_ref.ref.fsdp_config.param_offload=$ref_offload
+  critic.model.path="$MODEL_PATH"
+  critic.model.use_remove_padding=True
+  critic.model.enable_gradient_checkpointing=True
+  critic.optim.lr=1e-5
+  critic.ppo_micro_batch_size_per_gpu=$micro_batch
+  trainer.critic_warmup=0
+  trainer.logger=[console]
+  trainer.project_name=verl_group_ppo_gsm8k
+  trainer.experiment_name="qwen2_5-${size}_gsm8k_${estimator}"
+  trainer.n_gpus_per_node=$n_gpus
+  trainer.nnodes=1
+  trainer.val_before_train=True
+  trainer.test_freq=10
+  trainer.save_freq=-1
+  trainer.total_epochs=15
+)
+
+case "$estimator" in
+  group_ppo)
+    specific=(
+      algorithm.adv_estimator=group_ppo
+      critic.enable=True
+      actor_rollout_ref.actor.use_kl_loss=False
+      # Every GROUP-PPO key, at its default; docs/configuration.md explains each one.
+      ++algorithm.group_params.boundary_rule=variance
+      ++algorithm.group_params.group_variance_threshold=1.0
+      ++algorithm.group_params.group_max_size=16
+      ++algorithm.group_params.group_epsilon=1e-6
+      ++algorithm.group_params.adaptive_threshold=True
+      ++algorithm.group_params.threshold_lr=0.01
+      ++algorithm.group_params.min_threshold=0.1
+      ++algorithm.group_params.max_threshold=10.0
+      ++algorithm.group_params.target_explained_variance=0.5
+      ++algorithm.group_params.low_prob_threshold=0.9
+      ++algorithm.group_params.adv_norm=batch
+      ++algorithm.group_params.critic_loss_on=boundaries
+    ) ;;
+  gae)
+    specific=(
+      algorithm.adv_estimator=gae
+      critic.enable=True
+      actor_rollout_ref.actor.use_kl_loss=False
+    ) ;;
+  grpo)
+    specific=(
+      algorithm.adv_estimator=grpo
+      critic.enable=False
+      actor_rollout_ref.actor.use_kl_loss=True
+      actor_rollout_ref.actor.kl_loss_coef=0.001
+      actor_rollout_ref.actor.kl_loss_type=low_var_kl
+    ) ;;
+  *) echo "common.sh: unknown ESTIMATOR '$estimator' (expected group_ppo, gae or grpo)" >&2; exit 2 ;;
+esac
+
+set -x
+exec "$PYTHON" -m verl.trainer.main_ppo "${shared[@]}" "${specific[@]}" "$@"

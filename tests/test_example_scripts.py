@@ -1,0 +1,285 @@
+"""The GSM8K example scripts compose against verl's real ``ppo_trainer`` config.
+
+Each script is run with a stub ``python3`` first on PATH that records its argv instead of training.
+The recorded Hydra overrides are composed with verl's own config directory, checked with the same
+``validate_config`` / ``need_critic`` / ``need_reference_policy`` calls ``verl.trainer.main_ppo``
+makes before starting Ray (the model path points at a tiny local Qwen2 config + tokenizer so verl's
+model config can be built offline), and GROUP-PPO's ``algorithm.group_params`` is checked with
+``verl_group_ppo.config.GroupParams.from_config``. A stale or misspelled key fails composition.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT_DIR = REPO / "examples" / "group_ppo_trainer"
+COMMON = SCRIPT_DIR / "common.sh"
+SIZES = ("0.5b", "1.5b", "3b", "7b")
+ESTIMATORS = {"group_ppo": "", "gae": "_gae", "grpo": "_grpo"}
+MODEL_IDS = {
+    "0.5b": "Qwen/Qwen2.5-0.5B-Instruct",
+    "1.5b": "Qwen/Qwen2.5-1.5B-Instruct",
+    "3b": "Qwen/Qwen2.5-3B-Instruct",
+    "7b": "Qwen/Qwen2.5-7B-Instruct",
+}
+CASES = [(size, est) for size in SIZES for est in ESTIMATORS]
+
+STUB = """#!/bin/sh
+# Stand-in for python3: record the arguments (NUL-separated) instead of running anything.
+printf '%s\\0' "$@" > "$ARGV_FILE"
+"""
+
+
+def script_path(size: str, estimator: str) -> Path:
+    return SCRIPT_DIR / f"run_qwen2_5-{size}_gsm8k{ESTIMATORS[estimator]}.sh"
+
+
+@pytest.fixture(scope="module")
+def stub_bin(tmp_path_factory) -> Path:
+    bindir = tmp_path_factory.mktemp("stub_bin")
+    stub = bindir / "python3"
+    stub.write_text(STUB)
+    stub.chmod(0o755)
+    return bindir
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> str:
+    """A local Qwen2 config + word-level tokenizer: enough for verl's HFModelConfig, no download."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast, Qwen2Config
+
+    path = tmp_path_factory.mktemp("tiny_qwen2")
+    vocab = {"<|endoftext|>": 0, "<unk>": 1, "the": 2}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, eos_token="<|endoftext|>", pad_token="<|endoftext|>", unk_token="<unk>"
+    )
+    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    tokenizer.save_pretrained(path)
+    Qwen2Config(
+        vocab_size=len(vocab), hidden_size=8, intermediate_size=16, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, architectures=["Qwen2ForCausalLM"],
+    ).save_pretrained(path)
+    return str(path)
+
+
+def run_script(script: Path, stub_bin: Path, tmp_path: Path, *extra: str, env: dict | None = None):
+    """Run a script with the stub python3; return (completed process, recorded argv or None)."""
+    argv_file = tmp_path / "argv.bin"
+    if argv_file.exists():
+        argv_file.unlink()
+    full_env = {k: v for k, v in os.environ.items() if k not in ("PYTHON", "DATA_DIR", "MODEL_PATH")}
+    full_env.update(PATH=f"{stub_bin}{os.pathsep}{os.environ.get('PATH', '')}", ARGV_FILE=str(argv_file))
+    full_env.update(env or {})
+    proc = subprocess.run(["bash", str(script), *extra], env=full_env, capture_output=True, text=True, timeout=60)
+    argv = argv_file.read_bytes().decode().split("\0")[:-1] if argv_file.exists() else None
+    return proc, argv
+
+
+def overrides_of(script: Path, stub_bin: Path, tmp_path: Path, *extra: str, env: dict | None = None) -> list[str]:
+    proc, argv = run_script(script, stub_bin, tmp_path, *extra, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert argv is not None and argv[:2] == ["-m", "verl.trainer.main_ppo"], argv
+    return argv[2:]
+
+
+def compose(overrides: list[str]):
+    import verl
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        return hydra_compose(config_name="ppo_trainer", overrides=overrides)
+
+
+def main_ppo_checks(cfg) -> tuple[bool, bool]:
+    """What ``verl.trainer.main_ppo.main`` runs on the config before Ray starts; returns (critic, ref)."""
+    from verl.trainer import main_ppo
+
+    use_critic = main_ppo.need_critic(cfg)
+    use_ref = main_ppo.need_reference_policy(cfg)
+    main_ppo.validate_config(config=cfg, use_reference_policy=use_ref, use_critic=use_critic)
+    return use_critic, use_ref
+
+
+def test_script_set_is_complete():
+    present = {p.name for p in SCRIPT_DIR.glob("run_*.sh")}
+    expected = {script_path(size, est).name for size, est in CASES}
+    assert present == expected, "every example script must be covered by this test"
+
+
+@pytest.mark.parametrize("size,estimator", CASES, ids=[f"{s}-{e}" for s, e in CASES])
+def test_script_composes_with_verl_config(size, estimator, stub_bin, tiny_model, tmp_path):
+    from omegaconf import OmegaConf
+
+    data_dir = str(tmp_path / "gsm8k")
+    overrides = overrides_of(
+        script_path(size, estimator), stub_bin, tmp_path, env={"DATA_DIR": data_dir, "MODEL_PATH": tiny_model}
+    )
+    cfg = compose(overrides)
+    OmegaConf.to_container(cfg, resolve=True)  # every interpolation resolves
+
+    algo, actor, rollout = cfg.algorithm, cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
+    assert algo.adv_estimator == estimator
+    assert rollout.name == "vllm"
+    assert rollout.n > 1
+    assert cfg.data.train_files == f"{data_dir}/train.parquet"
+    assert cfg.data.val_files == f"{data_dir}/test.parquet"
+    assert cfg.actor_rollout_ref.model.path == tiny_model
+    assert cfg.trainer.experiment_name == f"qwen2_5-{size}_gsm8k_{estimator}"
+    # The model's TP degree must fit in the node.
+    assert cfg.trainer.n_gpus_per_node % rollout.tensor_model_parallel_size == 0
+
+    use_critic, use_ref = main_ppo_checks(cfg)
+    if estimator == "grpo":
+        assert not use_critic
+        assert use_ref and actor.use_kl_loss and actor.kl_loss_coef > 0
+        assert "group_params" not in algo
+    else:
+        assert use_critic
+        assert cfg.critic.model.path == tiny_model
+        assert not use_ref and not actor.use_kl_loss and not algo.use_kl_in_reward
+    if estimator == "gae":
+        assert "group_params" not in algo
+
+    if estimator == "group_ppo":
+        from verl_group_ppo.config import GroupParams
+
+        # Every key is written out explicitly, at the package default.
+        assert set(algo.group_params) == {f.name for f in fields(GroupParams)}
+        assert GroupParams.from_config(algo.group_params) == GroupParams()
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_baselines_differ_only_where_the_estimator_requires(size, stub_bin, tmp_path):
+    def as_dict(est):
+        items = overrides_of(script_path(size, est), stub_bin, tmp_path)
+        pairs = dict(item.split("=", 1) for item in items)
+        assert len(pairs) == len(items), f"{est}: a key is set twice"
+        return pairs
+
+    group, gae, grpo = as_dict("group_ppo"), as_dict("gae"), as_dict("grpo")
+    group_keys = {k for k in group if k.startswith("++algorithm.group_params.")}
+    assert len(group_keys) == 12
+
+    def diff(a, b):
+        return {k for k in a.keys() | b.keys() if a.get(k) != b.get(k)}
+
+    assert diff(group, gae) == {"algorithm.adv_estimator", "trainer.experiment_name"} | group_keys
+    assert diff(group, grpo) == {
+        "algorithm.adv_estimator",
+        "trainer.experiment_name",
+        "critic.enable",
+        "actor_rollout_ref.actor.use_kl_loss",
+        "actor_rollout_ref.actor.kl_loss_coef",
+        "actor_rollout_ref.actor.kl_loss_type",
+    } | group_keys
+    assert grpo["critic.enable"] == "False" and group["critic.enable"] == "True"
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_default_model_and_data_paths(size, stub_bin, tmp_path):
+    overrides = overrides_of(script_path(size, "group_ppo"), stub_bin, tmp_path, env={"HOME": str(tmp_path)})
+    assert f"actor_rollout_ref.model.path={MODEL_IDS[size]}" in overrides
+    assert f"critic.model.path={MODEL_IDS[size]}" in overrides
+    assert f"data.train_files={tmp_path}/data/gsm8k/train.parquet" in overrides
+
+
+def test_extra_overrides_are_passed_through_and_win(stub_bin, tiny_model, tmp_path):
+    from verl_group_ppo.config import GroupParams
+
+    overrides = overrides_of(
+        script_path("0.5b", "group_ppo"), stub_bin, tmp_path,
+        "trainer.total_epochs=1", "++algorithm.group_params.group_max_size=32", "algorithm.lam=0.95",
+        env={"MODEL_PATH": tiny_model},
+    )
+    assert overrides[-3:] == ["trainer.total_epochs=1", "++algorithm.group_params.group_max_size=32", "algorithm.lam=0.95"]
+    cfg = compose(overrides)
+    assert cfg.trainer.total_epochs == 1
+    assert cfg.algorithm.lam == 0.95
+    assert GroupParams.from_config(cfg.algorithm.group_params).group_max_size == 32
+
+
+def test_misspelled_key_fails_composition(stub_bin, tmp_path):
+    from hydra.errors import ConfigCompositionException
+
+    overrides = overrides_of(
+        script_path("0.5b", "gae"), stub_bin, tmp_path, "actor_rollout_ref.actor.ppo_mini_batch_sise=8"
+    )
+    with pytest.raises(ConfigCompositionException, match="ppo_mini_batch_sise"):
+        compose(overrides)
+
+
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ("++algorithm.group_params.group_max_sise=8", "group_max_sise"),
+        ("++algorithm.group_params.group_max_size=0", "group_max_size"),
+        ("++algorithm.group_params.boundary_rule=entropy", "boundary_rule"),
+    ],
+)
+def test_bad_group_params_are_rejected(override, key, stub_bin, tmp_path):
+    from verl_group_ppo.config import GroupParams
+
+    cfg = compose(overrides_of(script_path("0.5b", "group_ppo"), stub_bin, tmp_path, override))
+    with pytest.raises(ValueError, match=key):
+        GroupParams.from_config(cfg.algorithm.group_params)
+
+
+def test_batch_sizes_that_do_not_fit_the_gpus_fail_verl_validation(stub_bin, tiny_model, tmp_path):
+    # 256 prompts x 5 responses do not split over 3 GPUs: verl's own check must catch it.
+    cfg = compose(
+        overrides_of(script_path("0.5b", "gae"), stub_bin, tmp_path, "trainer.n_gpus_per_node=3",
+                     env={"MODEL_PATH": tiny_model})
+    )
+    with pytest.raises(AssertionError, match="divisible"):
+        main_ppo_checks(cfg)
+
+
+@pytest.mark.parametrize("args,message", [((), "SIZE"), (("2b", "gae"), "unknown SIZE"), (("3b", "ppo"), "unknown ESTIMATOR")])
+def test_common_rejects_bad_arguments(args, message, stub_bin, tmp_path):
+    proc, argv = run_script(COMMON, stub_bin, tmp_path, *args)
+    assert proc.returncode == 2
+    assert message in proc.stderr
+    assert argv is None
+
+
+needs_plugin = pytest.mark.skipif(
+    importlib.util.find_spec("verl_group_ppo.plugin") is None, reason="verl_group_ppo.plugin not written yet"
+)
+
+
+@needs_plugin
+def test_group_ppo_is_registered_with_the_plugin_loaded():
+    import verl  # noqa: F401  (loads the verl.plugins entry points)
+    from verl.trainer.ppo import core_algos
+
+    assert "group_ppo" in core_algos.ADV_ESTIMATOR_REGISTRY
+
+
+@needs_plugin
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ("++algorithm.group_params.group_max_size=0", "group_max_size"),
+        ("++algorithm.group_params.min_threshold=20.0", "min_threshold"),
+        ("critic.enable=False", "critic.enable"),
+    ],
+)
+def test_plugin_startup_checks_reject_bad_group_ppo_settings(override, key, stub_bin, tiny_model, tmp_path):
+    # With the plugin loaded, the checks main_ppo runs before Ray starts refuse a bad group_ppo config.
+    cfg = compose(
+        overrides_of(script_path("0.5b", "group_ppo"), stub_bin, tmp_path, override, env={"MODEL_PATH": tiny_model})
+    )
+    with pytest.raises(ValueError, match=key):
+        main_ppo_checks(cfg)
