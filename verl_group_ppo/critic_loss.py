@@ -16,6 +16,7 @@ parallel size. A micro-batch without boundary positions contributes exactly 0.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, Callable
 
@@ -36,13 +37,34 @@ CRITIC_WEIGHTS_KEY = "critic_loss_weights"
 """TransferQueue field: N_valid / N_boundary at critic-mask positions, 0 elsewhere."""
 
 
+@dataclass(frozen=True)
+class BoundaryLossConfig:
+    """The two critic settings the boundary loss reads (small and cheap to ship to the critic workers)."""
+
+    cliprange_value: float
+    loss_agg_mode: str = "token-mean"
+
+    @classmethod
+    def from_critic_config(cls, critic: Any) -> "BoundaryLossConfig":
+        """From verl's ``critic`` config: a DictConfig, a mapping or a ``CriticConfig``."""
+        get = critic.get if hasattr(critic, "get") else lambda key, default=None: getattr(critic, key, default)
+        return cls(cliprange_value=float(get("cliprange_value", 0.5)),
+                   loss_agg_mode=str(get("loss_agg_mode", "token-mean")))
+
+
 def make_critic_loss_fn(critic_config: Any, critic_loss_on: str) -> Callable[..., Any]:
-    """The loss function for ``critic_wg.set_loss_fn``: boundary-weighted, or verl's for ``all_tokens``."""
+    """The loss function for ``critic_wg.set_loss_fn``.
+
+    ``boundaries``: :func:`boundary_value_loss` (``critic_config`` may be verl's DictConfig or
+    ``CriticConfig``; a ``critic.loss_agg_mode`` other than token-mean is a ValueError).
+    ``all_tokens``: verl's ``value_loss`` with ``critic_config`` (a ``CriticConfig``), as verl sets it.
+    """
     if critic_loss_on == "all_tokens":
         return partial(value_loss, config=critic_config)
     if critic_loss_on == "boundaries":
-        check_critic_loss_agg_mode(critic_config.loss_agg_mode)
-        return partial(boundary_value_loss, config=critic_config)
+        config = BoundaryLossConfig.from_critic_config(critic_config)
+        check_critic_loss_agg_mode(config.loss_agg_mode)
+        return partial(boundary_value_loss, config=config)
     raise ValueError(f"group_params.critic_loss_on must be 'boundaries' or 'all_tokens', got {critic_loss_on!r}")
 
 
@@ -50,7 +72,8 @@ def boundary_value_loss(config: Any, model_output: dict, data: TensorDict, dp_gr
     """verl's clipped value loss at the critic-mask positions, weighted per spec Step 7.
 
     Args:
-        config: verl's ``CriticConfig`` (``cliprange_value``, ``loss_agg_mode`` which must be token-mean).
+        config: a :class:`BoundaryLossConfig` (or verl's ``CriticConfig``): ``cliprange_value`` and
+            ``loss_agg_mode``, which must be token-mean.
         model_output: the critic's output; ``values`` in verl's no-padding layout (prompt + response).
         data: one micro-batch: nested ``values``, ``returns``, ``response_mask``, ``critic_loss_weights``,
             plus verl's ``dp_size``, ``batch_num_tokens`` and ``global_batch_size``.
@@ -90,21 +113,21 @@ def boundary_value_loss(config: Any, model_output: dict, data: TensorDict, dp_gr
         global_batch_size=global_batch_size,
     )
     metrics = {
-        "critic/vf_loss": Metric(value=vf_loss, aggregation=_loss_metric_aggregation(config, data, dp_size)),
+        "critic/vf_loss": Metric(value=vf_loss, aggregation=_loss_metric_aggregation(data, dp_size)),
         "critic/vf_clipfrac": vf_clipfrac.detach().item(),
         "critic/vpred_mean": masked_mean(vpreds, response_mask).detach().item(),
     }
     return vf_loss, metrics
 
 
-def _loss_metric_aggregation(config: Any, data: TensorDict, dp_size: int) -> AggregationType:
+def _loss_metric_aggregation(data: TensorDict, dp_size: int) -> AggregationType:
     """SUM when the loss is normalised over the global mini-batch (each micro-batch a partial sum), as verl."""
     global_counts = any(tu.get_non_tensor_data(data, key=key, default=None) is not None
                         for key in ("batch_num_tokens", "global_batch_size"))
-    if dp_size > 1 or global_counts or getattr(config, "loss_scale_factor", None) is not None:
+    if dp_size > 1 or global_counts:
         return AggregationType.SUM
     return AggregationType.MEAN
 
 
-__all__ = ["CRITIC_MASK_KEY", "CRITIC_WEIGHTS_KEY", "boundary_value_loss", "make_critic_loss_fn"]
+__all__ = ["BoundaryLossConfig", "CRITIC_MASK_KEY", "CRITIC_WEIGHTS_KEY", "boundary_value_loss", "make_critic_loss_fn"]
 

@@ -292,10 +292,10 @@ def _select(config: Any, dotted_key: str, default: Any = None) -> Any:
 
 
 def _register_estimator(core_algos: ModuleType) -> None:
-    """Register ``group_ppo`` (after checking our math module imports, so a broken install shows early)."""
-    import verl_group_ppo.core_algos  # noqa: F401 - fail here, loudly, rather than at the first step
-
+    """Register ``group_ppo``, then import our math module so that a broken install shows now (logged,
+    and raised by ``need_critic`` and the estimator for group_ppo runs) rather than at the first step."""
     core_algos.register_adv_est(ESTIMATOR_NAME)(group_ppo_estimator)
+    import verl_group_ppo.core_algos  # noqa: F401
 
 
 def _install_need_critic(ppo_utils: ModuleType) -> None:

@@ -33,7 +33,6 @@ from verl.trainer.ppo.v1.trainer_colocate_async import PPOTrainerColocateAsync
 from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
-from verl.utils.config import omega_conf_to_dataclass
 from verl.workers.utils.padding import response_to_nested
 
 from verl_group_ppo.config import GroupParams, read_algorithm_settings
@@ -68,9 +67,10 @@ class GroupPPOTrainerMixin:
             self._install_group_critic_loss()
 
     def _install_group_critic_loss(self) -> None:
-        """Set the critic worker group's loss for ``group_params.critic_loss_on`` (verl's for all_tokens)."""
-        critic_cfg = omega_conf_to_dataclass(self.config.critic)
-        self.critic_wg.set_loss_fn(make_critic_loss_fn(critic_cfg, self.group_params.critic_loss_on))
+        """Set the boundary critic loss on the critic worker group; ``all_tokens`` keeps the ``value_loss``
+        verl's setup installed."""
+        if self.group_params.critic_loss_on == "boundaries":
+            self.critic_wg.set_loss_fn(make_critic_loss_fn(self.config.critic, "boundaries"))
 
     # ------------------------------------------------------------------ advantage step
 

@@ -1,0 +1,287 @@
+"""The verl plugin: what ``import verl`` installs, need_critic, start-up checks, configs, verl contracts."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from omegaconf import OmegaConf
+
+import verl_group_ppo_testutils_integration as U
+
+PYTHON = sys.executable
+MODES = ("sync", "colocate_async", "separate_async")
+
+
+def run_fresh(code: str, env_extra: dict | None = None) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh interpreter (cwd outside the repo, so only the installed package counts)."""
+    env = {k: v for k, v in os.environ.items() if k != "VERL_USE_EXTERNAL_PLUGINS"}
+    env.update(env_extra or {})
+    return subprocess.run([PYTHON, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env,
+                          cwd="/", timeout=300)
+
+
+def last_json(proc: subprocess.CompletedProcess) -> dict:
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# ----------------------------------------------------------------------------------------------------
+# fresh processes
+
+
+def test_import_verl_installs_everything_lazily():
+    out = last_json(run_fresh("""
+        import json, sys
+        import verl
+        lazy = {m: m in sys.modules for m in ("verl.trainer.ppo.core_algos", "verl.trainer.ppo.v1",
+                                              "verl_group_ppo.core_algos", "torch")}
+        from verl.trainer.ppo import core_algos
+        import verl.trainer.main_ppo as main_ppo
+        from verl.trainer.ppo import utils
+        from verl.trainer.ppo.v1 import get_trainer_cls, trainer_base
+        from verl_group_ppo import plugin, trainer
+        print(json.dumps({
+            "plugin_loaded_by_verl": "verl_group_ppo.plugin" in sys.modules,
+            "lazy_before_use": lazy,
+            "estimator": core_algos.ADV_ESTIMATOR_REGISTRY.get("group_ppo") is plugin.group_ppo_estimator,
+            "need_critic_main": main_ppo.need_critic is utils.need_critic,
+            "need_critic_base": trainer_base.need_critic is utils.need_critic,
+            "need_critic_ours": hasattr(utils.need_critic, "verl_group_ppo_original"),
+            "trainers": {m: get_trainer_cls(m).__name__ for m in %r},
+            "errors": [s for s, _ in plugin.install_errors()],
+        }))
+    """ % (MODES,)))
+    assert out["plugin_loaded_by_verl"]
+    # nothing heavy is imported by the plugin itself (torch comes with verl.protocol anyway)
+    assert out["lazy_before_use"] == {"verl.trainer.ppo.core_algos": False, "verl.trainer.ppo.v1": False,
+                                      "verl_group_ppo.core_algos": False, "torch": True}
+    assert out["estimator"]
+    assert out["need_critic_main"] and out["need_critic_base"] and out["need_critic_ours"]
+    assert out["trainers"] == {"sync": "GroupPPOTrainerSync", "colocate_async": "GroupPPOTrainerColocateAsync",
+                               "separate_async": "GroupPPOTrainerSeparateAsync"}
+    assert out["errors"] == []
+
+
+@pytest.mark.parametrize("policy,expected", [("none", False), ("group_ppo", True)])
+def test_verl_use_external_plugins_switch(policy, expected):
+    out = last_json(run_fresh("""
+        import json
+        from verl.trainer.ppo import core_algos
+        print(json.dumps("group_ppo" in core_algos.ADV_ESTIMATOR_REGISTRY))
+    """, {"VERL_USE_EXTERNAL_PLUGINS": policy}))
+    assert out is expected
+
+
+def test_broken_install_is_logged_and_stops_group_ppo_runs_with_the_cause():
+    proc = run_fresh("""
+        import json, sys
+        sys.modules["verl_group_ppo.core_algos"] = None  # our math module fails to import
+        from omegaconf import OmegaConf
+        from verl.trainer.ppo import core_algos
+        from verl.trainer.ppo.utils import need_critic
+        from verl_group_ppo.plugin import PluginInstallError
+        def cfg(est):
+            return OmegaConf.create({"algorithm": {"adv_estimator": est}, "critic": {"enable": None},
+                                     "trainer": {"use_v1": True}})
+        result = {"gae": need_critic(cfg("gae"))}
+        try:
+            need_critic(cfg("group_ppo"))
+        except PluginInstallError as e:
+            result["error"] = str(e)
+            result["cause"] = type(e.__cause__).__name__
+        try:
+            core_algos.get_adv_estimator_fn("group_ppo")(None, None)
+        except PluginInstallError as e:
+            result["estimator_cause"] = type(e.__cause__).__name__
+        print(json.dumps(result))
+    """)
+    out = last_json(proc)
+    assert out["gae"] is True
+    assert out["cause"] == out["estimator_cause"] == "ModuleNotFoundError"  # the original ImportError
+    assert "registering the group_ppo advantage estimator failed" in out["error"]
+    assert "ERROR" in proc.stderr and "verl_group_ppo.core_algos" in proc.stderr
+
+
+def test_a_ray_worker_sees_the_estimator_and_trainers(ray_tq):
+    import ray
+
+    @ray.remote(num_cpus=0)
+    def probe():
+        from verl.trainer.ppo import core_algos
+        from verl.trainer.ppo.utils import need_critic
+        from verl.trainer.ppo.v1 import get_trainer_cls
+
+        return ("group_ppo" in core_algos.ADV_ESTIMATOR_REGISTRY,
+                hasattr(need_critic, "verl_group_ppo_original"),
+                [get_trainer_cls(m).__name__ for m in MODES])
+
+    registered, wrapped, trainers = ray.get(probe.remote(), timeout=240)
+    assert registered and wrapped
+    assert trainers == ["GroupPPOTrainerSync", "GroupPPOTrainerColocateAsync", "GroupPPOTrainerSeparateAsync"]
+
+
+# ----------------------------------------------------------------------------------------------------
+# need_critic and the start-up checks (in this process, where verl loaded the plugin)
+
+
+def _need_critic():
+    from verl.trainer.ppo.utils import need_critic
+
+    return need_critic
+
+
+@pytest.mark.parametrize("overrides", [
+    ["algorithm.adv_estimator=gae"],
+    ["algorithm.adv_estimator=grpo"],
+    ["algorithm.adv_estimator=grpo", "critic.enable=true"],
+    ["algorithm.adv_estimator=gae", "critic.enable=false"],
+    ["algorithm.adv_estimator=rloo", "trainer.use_v1=false"],
+])
+def test_need_critic_unchanged_for_other_estimators(overrides):
+    config = U.compose_config(overrides)
+    need_critic = _need_critic()
+    assert need_critic(config) == need_critic.verl_group_ppo_original(config)
+
+
+@pytest.mark.parametrize("enable", ["null", "true"])
+def test_need_critic_is_true_for_group_ppo(enable):
+    config = U.compose_config(["algorithm.adv_estimator=group_ppo", f"critic.enable={enable}"])
+    assert _need_critic()(config) is True
+    assert _need_critic().verl_group_ppo_original(config) is (enable == "true")
+
+
+@pytest.mark.parametrize("overrides,names", [
+    (["critic.enable=false"], "critic.enable"),
+    (["trainer.use_v1=false"], "trainer.use_v1"),
+    (["critic.loss_agg_mode=seq-mean-token-mean"], "critic.loss_agg_mode"),
+    (["++algorithm.group_params.group_max_size=0"], "group_params.group_max_size"),
+    (["++algorithm.group_params.boundary_rule=random"], "group_params.boundary_rule"),
+    (["++algorithm.group_params.min_threshold=5", "++algorithm.group_params.max_threshold=1"],
+     "group_params.min_threshold"),
+    (["++algorithm.group_params.no_such_key=1"], "no_such_key"),
+    (["algorithm.lam=1.5"], "lam"),
+])
+def test_group_ppo_startup_errors_name_the_key(overrides, names):
+    config = U.compose_config(["algorithm.adv_estimator=group_ppo", *overrides])
+    with pytest.raises(ValueError, match=names.replace(".", r"\.")):
+        _need_critic()(config)
+
+
+def test_loss_agg_mode_is_free_with_all_tokens_critic_loss():
+    config = U.compose_config(["algorithm.adv_estimator=group_ppo", "critic.loss_agg_mode=seq-mean-token-mean",
+                               "++algorithm.group_params.critic_loss_on=all_tokens"])
+    assert _need_critic()(config) is True
+
+
+def test_estimator_without_values_explains_itself():
+    import torch
+
+    from verl.trainer.ppo import core_algos
+
+    estimator = core_algos.get_adv_estimator_fn("group_ppo")
+    with pytest.raises(RuntimeError, match="trainer.use_v1=true"):
+        estimator(torch.zeros(2, 3), torch.ones(2, 3), config={})
+    adv, ret = estimator(torch.zeros(2, 3), torch.ones(2, 3), config={}, values=torch.zeros(2, 3))
+    assert adv.shape == ret.shape == (2, 3)
+
+
+# ----------------------------------------------------------------------------------------------------
+# configs
+
+
+def test_stock_config_takes_group_params_with_double_plus():
+    from verl_group_ppo.config import GroupParams, read_algorithm_settings
+
+    config = U.compose_config(["algorithm.adv_estimator=group_ppo", "++algorithm.group_params.group_max_size=4",
+                               "++algorithm.group_params.adv_norm=prompt"])
+    params = read_algorithm_settings(config.algorithm).group
+    assert params == GroupParams(group_max_size=4, adv_norm="prompt")
+    assert _need_critic()(config) is True
+
+
+def test_stock_config_refuses_plain_group_params_override():
+    from hydra.errors import ConfigCompositionException
+
+    with pytest.raises(ConfigCompositionException):
+        U.compose_config(["algorithm.adv_estimator=group_ppo", "algorithm.group_params.group_max_size=4"])
+
+
+def test_shipped_config_extends_ppo_trainer_with_the_spec_defaults():
+    from verl_group_ppo.config import GroupParams
+
+    config = U.compose_config(["algorithm.group_params.group_max_size=32"], config_name="group_ppo_trainer")
+    stock = U.compose_config([])
+    assert config.algorithm.adv_estimator == "group_ppo"
+    expected = GroupParams(group_max_size=32).to_dict()
+    assert OmegaConf.to_container(config.algorithm.group_params) == expected
+    # everything else is verl's ppo_trainer
+    for section in ("actor_rollout_ref", "critic", "data", "trainer", "transfer_queue"):
+        assert OmegaConf.to_container(config[section]) == OmegaConf.to_container(stock[section]), section
+    assert _need_critic()(config) is True
+
+
+# ----------------------------------------------------------------------------------------------------
+# what we rely on in verl (fails loudly when a verl release changes it; see docs/verl_integration.md)
+
+
+def test_verl_contract():
+    from packaging.version import Version
+
+    import verl
+    from verl.trainer.ppo import core_algos, ray_trainer, utils
+    from verl.trainer.ppo.v1 import trainer_base
+    from verl.workers.utils import losses
+    from verl_group_ppo import plugin, trainer
+
+    assert Version("0.9.1") <= Version(verl.__version__) < Version("0.10"), verl.__version__
+    # plugins: verl loads entry points of group verl.plugins on import
+    assert "verl.plugins" in inspect.getsource(verl)
+    # estimators: the registry and the keyword arguments a registered estimator receives
+    assert core_algos.ADV_ESTIMATOR_REGISTRY["group_ppo"] is plugin.group_ppo_estimator
+    source = inspect.getsource(ray_trainer.compute_advantage)
+    for needle in ('"token_level_rewards"', '"response_mask"', '"config": config', 'adv_kwargs["index"]'):
+        assert needle in source, needle
+    # need_critic: one function in ppo.utils, imported by name where the trainer decides
+    import verl.trainer.main_ppo as main_ppo
+
+    for module in (main_ppo, trainer_base, ray_trainer):
+        assert module.need_critic is utils.need_critic, module.__name__
+    # trainers: registry and the methods the mixin overrides, with the signatures it assumes
+    assert set(MODES) <= set(trainer_base.TRAINER_REGISTRY)
+    for mode, (verl_cls, group_cls) in trainer.TRAINER_CLASSES.items():
+        assert trainer_base.TRAINER_REGISTRY[mode] is group_cls and issubclass(group_cls, verl_cls)
+    signatures = {"_compute_advantage": ["self", "batch", "metrics"], "_setup": ["self"],
+                  "_save_checkpoint": ["self"], "_load_checkpoint": ["self"]}
+    for name, params in signatures.items():
+        assert list(inspect.signature(getattr(trainer_base.PPOTrainer, name)).parameters) == params, name
+    step = inspect.getsource(trainer_base.PPOTrainer._step_once)
+    assert step.index("self._compute_values(") < step.index("self._compute_advantage(") \
+        < step.index("self._update_critic(")
+    assert inspect.getsource(trainer_base).count(".set_loss_fn(") == 1
+    assert "set_loss_fn(" in inspect.getsource(trainer_base.PPOTrainer._setup)
+    save = inspect.getsource(trainer_base.PPOTrainer._save_checkpoint)
+    assert 'f"global_step_{self.global_steps}"' in save and "latest_checkpointed_iteration.txt" in save
+    # the critic loss: verl's signature and the value loss we call with weights as the mask
+    assert list(inspect.signature(losses.value_loss).parameters) == ["config", "model_output", "data", "dp_group"]
+    assert {"vpreds", "returns", "values", "response_mask", "cliprange_value", "loss_agg_mode", "dp_size",
+            "batch_num_tokens", "global_batch_size"} <= set(inspect.signature(core_algos.compute_value_loss).parameters)
+
+
+def test_install_trainers_refuses_a_foreign_registry_entry():
+    from verl_group_ppo.trainer import TRAINER_CLASSES, install_trainers
+
+    class Foreign:
+        pass
+
+    registry = {mode: verl_cls for mode, (verl_cls, _) in TRAINER_CLASSES.items()}
+    registry["colocate_async"] = Foreign
+    with pytest.raises(RuntimeError, match="'colocate_async' holds"):
+        install_trainers(registry)
+    assert registry["sync"] is TRAINER_CLASSES["sync"][1]  # the others are still installed
+    assert registry["colocate_async"] is Foreign
