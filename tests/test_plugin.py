@@ -68,14 +68,29 @@ def test_import_verl_installs_everything_lazily():
     assert out["errors"] == []
 
 
-@pytest.mark.parametrize("policy,expected", [("none", False), ("group_ppo", True)])
-def test_verl_use_external_plugins_switch(policy, expected):
+def test_plugins_off_registers_nothing():
     out = last_json(run_fresh("""
         import json
         from verl.trainer.ppo import core_algos
         print(json.dumps("group_ppo" in core_algos.ADV_ESTIMATOR_REGISTRY))
-    """, {"VERL_USE_EXTERNAL_PLUGINS": policy}))
-    assert out is expected
+    """, {"VERL_USE_EXTERNAL_PLUGINS": "none"}))
+    assert out is False
+
+
+def test_plugin_selected_by_name_and_trainer_module_imported_first():
+    # Importing our trainer module first makes it the importer of verl's v1 package: the install the
+    # v1 hook cannot do then (our module is half-initialised) must happen when the module finishes.
+    out = last_json(run_fresh("""
+        import json
+        import verl_group_ppo.trainer as ours
+        from verl.trainer.ppo import core_algos
+        from verl.trainer.ppo.v1 import get_trainer_cls
+        from verl_group_ppo.plugin import install_errors
+        print(json.dumps({"estimator": "group_ppo" in core_algos.ADV_ESTIMATOR_REGISTRY,
+                          "sync": get_trainer_cls("sync") is ours.GroupPPOTrainerSync,
+                          "errors": [s for s, _ in install_errors()]}))
+    """, {"VERL_USE_EXTERNAL_PLUGINS": "group_ppo"}))
+    assert out == {"estimator": True, "sync": True, "errors": []}
 
 
 def test_broken_install_is_logged_and_stops_group_ppo_runs_with_the_cause():

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import importlib
 import importlib.abc
 import logging
 import sys
@@ -305,11 +306,30 @@ def _install_need_critic(ppo_utils: ModuleType) -> None:
         ppo_utils.need_critic = make_need_critic(current)
 
 
-def _install_trainers(v1: ModuleType) -> None:
-    """Replace verl's v1 trainer registry entries with the GROUP-PPO subclasses."""
-    from verl_group_ppo.trainer import install_trainers
+TRAINER_MODULE = "verl_group_ppo.trainer"
+_TRAINERS_STEP = "installing the GROUP-PPO v1 trainer classes"
+_deferred_v1: list[ModuleType] = []
 
-    install_trainers(v1.trainer_base.TRAINER_REGISTRY)
+
+def _install_trainers(v1: ModuleType) -> None:
+    """Replace verl's v1 trainer registry entries with the GROUP-PPO subclasses.
+
+    When our trainer module is itself what imported verl's v1 package (a user imported it first), it
+    is only half-initialised here; the install is then left to the end of that module, see
+    :func:`run_deferred_trainer_install`.
+    """
+    trainer = sys.modules.get(TRAINER_MODULE)
+    if trainer is not None and getattr(trainer.__spec__, "_initializing", False):
+        _deferred_v1.append(v1)
+        return
+    importlib.import_module(TRAINER_MODULE).install_trainers(v1.trainer_base.TRAINER_REGISTRY)
+
+
+def run_deferred_trainer_install(install: Callable[[dict], None]) -> None:
+    """Called as :mod:`verl_group_ppo.trainer` finishes importing: run a trainer install the v1 hook deferred."""
+    while _deferred_v1:
+        v1 = _deferred_v1.pop()
+        _guarded(_TRAINERS_STEP, lambda module: install(module.trainer_base.TRAINER_REGISTRY))(v1)
 
 
 def install() -> None:
@@ -317,7 +337,7 @@ def install() -> None:
     for module_name, step, hook in (
         (CORE_ALGOS_MODULE, "registering the group_ppo advantage estimator", _register_estimator),
         (PPO_UTILS_MODULE, "installing need_critic for group_ppo", _install_need_critic),
-        (V1_TRAINER_MODULE, "installing the GROUP-PPO v1 trainer classes", _install_trainers),
+        (V1_TRAINER_MODULE, _TRAINERS_STEP, _install_trainers),
     ):
         try:
             _hooks.add(module_name, _guarded(step, hook))

@@ -38,7 +38,7 @@ from verl.workers.utils.padding import response_to_nested
 from verl_group_ppo.config import GroupParams, read_algorithm_settings
 from verl_group_ppo.core_algos import GroupPPOOutputs, ThresholdState
 from verl_group_ppo.critic_loss import CRITIC_MASK_KEY, CRITIC_WEIGHTS_KEY, make_critic_loss_fn
-from verl_group_ppo.plugin import estimator_inputs, is_group_ppo
+from verl_group_ppo.plugin import estimator_inputs, is_group_ppo, run_deferred_trainer_install
 
 logger = logging.getLogger("verl_group_ppo")
 
@@ -55,6 +55,11 @@ class GroupPPOTrainerMixin:
         self.group_params: Optional[GroupParams] = None
         self.group_threshold: Optional[ThresholdState] = None
         if self.group_ppo_enabled:
+            if not self.use_critic:
+                raise RuntimeError(
+                    "algorithm.adv_estimator=group_ppo but verl decided to run without a critic: verl's "
+                    "need_critic was bound before the verl-group-ppo plugin installed (was the plugin imported "
+                    "by hand after verl's trainer, or VERL_USE_EXTERNAL_PLUGINS set to exclude group_ppo?)")
             self.group_params = read_algorithm_settings(config.algorithm).group
             self.group_threshold = ThresholdState.from_params(self.group_params)
 
@@ -228,3 +233,6 @@ def install_trainers(registry: dict[str, type]) -> None:
         registry[mode] = group_cls
     if problems:
         raise RuntimeError("verl's v1 TRAINER_REGISTRY is not as verl-group-ppo expects: " + "; ".join(problems))
+
+
+run_deferred_trainer_install(install_trainers)

@@ -1,0 +1,244 @@
+"""The GROUP-PPO trainer mixin on a real TransferQueue: advantage step, critic fields, threshold, checkpoints.
+
+The trainers are verl's registered v1 classes built by their real ``__init__``; only what needs GPUs
+(worker groups, dataloader state) is stood in for.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from functools import partial
+
+import numpy as np
+import pytest
+import torch
+
+import verl_group_ppo_testutils_integration as U
+from verl_group_ppo.config import read_algorithm_settings
+from verl_group_ppo.core_algos import ThresholdState, compute_group_ppo_outputs
+from verl_group_ppo.critic_loss import CRITIC_MASK_KEY, CRITIC_WEIGHTS_KEY, boundary_value_loss
+from verl_group_ppo.trainer import STATE_FILE, GroupPPOTrainerMixin
+
+STORED = ["advantages", "returns", CRITIC_MASK_KEY, CRITIC_WEIGHTS_KEY]
+ROLLOUT_CORRECTION = ["algorithm.rollout_correction.rollout_is=token",
+                      "algorithm.rollout_correction.rollout_rs=token_k2",
+                      "algorithm.rollout_correction.rollout_rs_threshold=0.5"]
+
+
+def uids_of(meta) -> np.ndarray:
+    return np.array([key.split("_")[0] for key in meta.keys], dtype=object)
+
+
+def expected_outputs(trainer, meta, threshold: float):
+    """The core's outputs on exactly what verl's advantage step handed the estimator (read back from TQ)."""
+    fields = ["response_mask", "values", "old_log_probs", "rm_scores"]
+    if trainer.config.algorithm.use_kl_in_reward:
+        fields.append("token_level_rewards")
+    stored = U.get_padded(meta, fields)
+    rewards = stored.get("token_level_rewards", stored["rm_scores"])
+    return compute_group_ppo_outputs(rewards, stored["response_mask"], stored["values"], index=uids_of(meta),
+                                     config=trainer.config.algorithm, old_log_probs=stored["old_log_probs"],
+                                     threshold=threshold)
+
+
+# ----------------------------------------------------------------------------------------------------
+# the advantage step
+
+
+@pytest.mark.parametrize("overrides", [
+    [],
+    ["algorithm.use_kl_in_reward=true"],
+    ["algorithm.use_kl_in_reward=true", *ROLLOUT_CORRECTION],
+    ["++algorithm.group_params.boundary_rule=low_prob", "++algorithm.group_params.adv_norm=prompt"],
+], ids=["plain", "kl_in_reward", "kl_and_rollout_correction", "low_prob_prompt_norm"])
+def test_advantage_step_stores_exactly_the_core_outputs(ray_tq, overrides):
+    trainer = U.make_trainer(overrides)
+    samples = U.make_samples(seed=len(overrides))
+    meta = U.put_samples(samples)
+    metrics: dict = {}
+    out = trainer._compute_advantage(meta, metrics)
+
+    assert set(STORED) <= set(out.fields)  # the returned metadata lists the new fields
+    stored = U.get_padded(out, STORED + ["response_mask", "rm_scores"])
+    expected = expected_outputs(trainer, out, threshold=1.0)
+    for name in STORED:
+        assert torch.equal(stored[name], getattr(expected, name)), name
+    assert {k: metrics[k] for k in expected.metrics} == expected.metrics
+    assert metrics["group/threshold"] == 1.0
+    # verl's own steps ran on the way
+    if "algorithm.use_kl_in_reward=true" in overrides:
+        assert "actor/reward_kl_penalty" in metrics
+        rewards = U.get_padded(out, ["token_level_rewards"])["token_level_rewards"]
+        assert not torch.equal(rewards, stored["rm_scores"])
+    if ROLLOUT_CORRECTION[0] in overrides:
+        original = U.get_padded(meta, ["loss_mask"])["loss_mask"]
+        assert (stored["response_mask"] != original).any(), "rejection sampling should have masked tokens"
+        assert "rollout_is_weights" in out.fields
+
+
+def test_threshold_adapts_per_batch_and_feeds_the_next_one(ray_tq):
+    trainer = U.make_trainer(["++algorithm.group_params.threshold_lr=0.5"])
+    params = read_algorithm_settings(trainer.config.algorithm).group
+    first = trainer._compute_advantage(U.put_samples(U.make_samples(seed=1)), {})
+    expected = ThresholdState(1.0)
+    expected.update(expected_outputs(trainer, first, threshold=1.0).boundary_explained_variance, params)
+    assert trainer.group_threshold.value == expected.value != 1.0
+
+    metrics: dict = {}
+    second = trainer._compute_advantage(U.put_samples(U.make_samples(seed=2)), metrics)
+    assert metrics["group/threshold"] == expected.value
+    stored = U.get_padded(second, ["advantages"])["advantages"]
+    assert torch.equal(stored, expected_outputs(trainer, second, threshold=expected.value).advantages)
+
+
+def test_critic_fields_reach_the_critic_loss_micro_batches(ray_tq):
+    trainer = U.make_trainer()
+    out = trainer._compute_advantage(U.put_samples(U.make_samples(seed=3)), {})
+    seen = []
+
+    def recording_loss(model_output, data, dp_group=None, config=None):
+        seen.append({name: data[name].values().clone() for name in (CRITIC_MASK_KEY, CRITIC_WEIGHTS_KEY)})
+        return boundary_value_loss(config, model_output, data, dp_group)
+
+    from verl_group_ppo.critic_loss import BoundaryLossConfig
+
+    loss_fn = partial(recording_loss, config=BoundaryLossConfig(cliprange_value=0.2))
+    U.critic_losses_through_verl(out, loss_fn, dp_size=2, mini_batch_size=6, micro_batch_size=1)
+    assert len(seen) == 6
+    stored = U.get_padded(out, [CRITIC_MASK_KEY, CRITIC_WEIGHTS_KEY, "response_mask"])
+    assert sum(float(s[CRITIC_MASK_KEY].sum()) for s in seen) == float(stored[CRITIC_MASK_KEY].sum()) > 0
+    total_weight = sum(float(s[CRITIC_WEIGHTS_KEY].sum()) for s in seen)
+    assert total_weight == pytest.approx(float(stored["response_mask"].sum()))  # N_valid
+
+
+def test_other_estimators_get_verls_trainer_behaviour(ray_tq, tmp_path):
+    from verl.trainer.ppo.core_algos import compute_gae_advantage_return
+
+    trainer = U.make_trainer(["algorithm.adv_estimator=gae", f"trainer.default_local_dir={tmp_path}"])
+    assert isinstance(trainer, GroupPPOTrainerMixin) and not trainer.group_ppo_enabled
+    out = trainer._compute_advantage(U.put_samples(U.make_samples(seed=4)), {})
+    assert CRITIC_MASK_KEY not in out.fields
+    stored = U.get_padded(out, ["advantages", "returns", "response_mask", "rm_scores", "values"])
+    adv, ret = compute_gae_advantage_return(stored["rm_scores"], stored["values"], stored["response_mask"],
+                                            gamma=1.0, lam=1.0)
+    valid = stored["response_mask"].bool()
+    assert torch.equal(stored["advantages"][valid], adv[valid])
+    assert torch.equal(stored["returns"][valid], ret[valid])
+
+
+# ----------------------------------------------------------------------------------------------------
+# setup: the boundary loss replaces the value_loss verl installed
+
+
+class StandInWorkerGroup:
+    """Records what the trainer asks of a worker group (verl's engines need GPUs)."""
+
+    def __init__(self, on_save=None):
+        self.loss_fn = None
+        self.saved, self.loaded = [], []
+        self.on_save = on_save
+
+    def set_loss_fn(self, loss_fn):
+        self.loss_fn = loss_fn
+
+    def save_checkpoint(self, local_path, remote_path=None, global_step=0, max_ckpt_to_keep=None):
+        if self.on_save:
+            self.on_save(local_path)
+        os.makedirs(local_path, exist_ok=True)
+        self.saved.append(local_path)
+
+    def load_checkpoint(self, local_path, del_local_after_load=False):
+        self.loaded.append(local_path)
+
+
+class StandInDataloader:
+    def __init__(self):
+        self.state = None
+
+    def state_dict(self):
+        return {"seen": 7}
+
+    def load_state_dict(self, state):
+        self.state = state
+
+
+@pytest.mark.parametrize("critic_loss_on", ["boundaries", "all_tokens"])
+def test_setup_installs_the_boundary_critic_loss_after_verls(monkeypatch, critic_loss_on):
+    from verl.trainer.ppo.v1 import trainer_base
+    from verl.workers.utils.losses import value_loss
+
+    def verls_setup(self):  # what verl's _setup does for the critic, without GPUs
+        self.critic_wg = StandInWorkerGroup()
+        self.critic_wg.set_loss_fn(partial(value_loss, config="verl's CriticConfig"))
+
+    monkeypatch.setattr(trainer_base.PPOTrainer, "_setup", verls_setup)
+    trainer = U.make_trainer([f"++algorithm.group_params.critic_loss_on={critic_loss_on}",
+                              "critic.cliprange_value=0.3"])
+    trainer._setup()
+    loss_fn = trainer.critic_wg.loss_fn
+    if critic_loss_on == "boundaries":
+        assert loss_fn.func is boundary_value_loss and loss_fn.keywords["config"].cliprange_value == 0.3
+    else:
+        assert loss_fn.func is value_loss
+
+
+# ----------------------------------------------------------------------------------------------------
+# checkpoints
+
+
+def attach_stand_ins(trainer, on_save=None):
+    trainer.actor_rollout_wg = StandInWorkerGroup(on_save)
+    trainer.critic_wg = StandInWorkerGroup()
+    trainer.train_dataloader = StandInDataloader()
+
+
+@pytest.mark.parametrize("mode", ["sync", "colocate_async"])
+def test_threshold_checkpoint_round_trip(tmp_path, mode, ray_tq):
+    ckpt = str(tmp_path / "ckpt")
+    trainer = U.make_trainer([f"trainer.default_local_dir={ckpt}"], mode=mode)
+    state_path = os.path.join(ckpt, "global_step_3", STATE_FILE)
+    tracker = os.path.join(ckpt, "latest_checkpointed_iteration.txt")
+    order = []
+    attach_stand_ins(trainer, on_save=lambda _: order.append((os.path.exists(state_path), os.path.exists(tracker))))
+    trainer.global_steps = 3
+    trainer.group_threshold.value = 2.5
+    trainer._save_checkpoint()
+    assert order == [(True, False)]  # our state is on disk before verl saves anything, the tracker comes last
+    with open(state_path) as f:
+        assert json.load(f)["threshold_state"] == {"threshold": 2.5}
+
+    resumed = U.make_trainer([f"trainer.default_local_dir={ckpt}", "trainer.resume_mode=auto"], mode=mode)
+    attach_stand_ins(resumed)
+    assert resumed.group_threshold.value == 1.0
+    resumed._load_checkpoint()
+    assert resumed.global_steps == 3 and resumed.group_threshold.value == 2.5
+    assert resumed.actor_rollout_wg.loaded == [os.path.join(ckpt, "global_step_3", "actor")]
+
+    by_path = U.make_trainer(["trainer.resume_mode=resume_path",
+                              f"trainer.resume_from_path={os.path.join(ckpt, 'global_step_3')}"], mode=mode)
+    attach_stand_ins(by_path)
+    by_path._load_checkpoint()
+    assert by_path.group_threshold.value == 2.5
+
+
+def test_resume_without_group_state_keeps_the_configured_threshold(tmp_path, caplog):
+    ckpt = str(tmp_path / "ckpt")
+    os.makedirs(os.path.join(ckpt, "global_step_2"))
+    with open(os.path.join(ckpt, "latest_checkpointed_iteration.txt"), "w") as f:
+        f.write("2")
+    trainer = U.make_trainer([f"trainer.default_local_dir={ckpt}", "trainer.resume_mode=auto",
+                              "++algorithm.group_params.group_variance_threshold=0.7"])
+    attach_stand_ins(trainer)
+    trainer._load_checkpoint()
+    assert trainer.global_steps == 2 and trainer.group_threshold.value == 0.7
+    assert STATE_FILE in caplog.text
+
+
+def test_other_estimators_save_no_group_state(tmp_path):
+    trainer = U.make_trainer(["algorithm.adv_estimator=grpo", f"trainer.default_local_dir={tmp_path}"])
+    attach_stand_ins(trainer)
+    trainer.global_steps = 1
+    trainer._save_checkpoint()
+    assert os.path.exists(os.path.join(tmp_path, "global_step_1", "data.pt"))
+    assert not os.path.exists(os.path.join(tmp_path, "global_step_1", STATE_FILE))
