@@ -215,12 +215,7 @@ def boundary_explained_variance(
     All tensors (B, T).
     """
     sel = critic_mask.bool()
-    if not bool(sel.any()):
-        return float("nan")
-    ret = returns[sel].double()
-    err = ret - values[sel].double()
-    ev = 1.0 - err.var(correction=0) / (ret.var(correction=0) + eps)
-    return float(ev.clamp(-1.0, 1.0))
+    return _explained_variance(returns[sel] - values[sel], returns[sel], eps)
 
 
 def update_threshold(threshold: float, explained_variance: float, params: GroupParams) -> float:
@@ -278,6 +273,7 @@ class _Batch:
     caller had there (possibly NaN) and are never read into a result.
     """
 
+    valid_bt: torch.Tensor  # (B, T) bool
     valid_tm: torch.Tensor  # (T, B) bool
     invalid_tm: torch.Tensor  # (T, B) bool, ~valid_tm
     rewards_tm: torch.Tensor  # (T, B)
@@ -295,10 +291,22 @@ class _Pass:
     returns: torch.Tensor  # (B, T)
     starts_tm: torch.Tensor  # (T, B) bool group starts (= critic slots)
     ends_tm: torch.Tensor  # (T, B) bool: group endpoints, and every masked position
+    valid_bt: torch.Tensor  # (B, T) bool
     valid_tm: torch.Tensor  # (T, B) bool
+    groups: Optional["_Groups"]  # where each group starts (rich pass or adv_norm='prompt')
     n_valid: int
     threshold: float
     explained_variance: float
+
+
+@dataclass
+class _Groups:
+    """Every group's first position in the time-major buffers (flat index t * B + b), its response, and
+    X there (= A_k, before normalisation). Ordered by time, then response."""
+
+    flat_tm: torch.Tensor  # (G,) long
+    rows: torch.Tensor  # (G,) long
+    advantage: torch.Tensor  # (G,)
 
 
 def _run(rewards, response_mask, values, index, config, old_log_probs, threshold, rich: bool):
@@ -307,21 +315,22 @@ def _run(rewards, response_mask, values, index, config, old_log_probs, threshold
                         with_explained_variance=rich)
     if not rich:
         return p.advantages, p.returns
-    n_groups = int(torch.count_nonzero(p.starts_tm))
-    critic_mask = _to_batch_major(p.starts_tm.to(p.advantages.dtype))
+    starts_bt = p.starts_tm.t().contiguous()
+    critic_mask = starts_bt.to(p.advantages.dtype)
+    n_groups = len(p.groups.flat_tm)
     weights = critic_mask * (p.n_valid / n_groups) if n_groups else torch.zeros_like(critic_mask)
-    endpoints_tm = p.ends_tm & p.valid_tm
+    valid_bt = p.valid_bt.contiguous()
+    group_ids = torch.cumsum(starts_bt, dim=1, dtype=torch.int32).to(torch.long).masked_fill_(~valid_bt, 0)
     return GroupPPOOutputs(
         advantages=p.advantages,
         returns=p.returns,
-        group_ids=_to_batch_major(torch.cumsum(p.starts_tm, dim=0).mul_(p.valid_tm)),
-        endpoint_mask=_to_batch_major(endpoints_tm),
+        group_ids=group_ids,
+        endpoint_mask=_to_batch_major(p.ends_tm & p.valid_tm),
         critic_mask=critic_mask,
         critic_loss_weights=weights,
         threshold=p.threshold,
         boundary_explained_variance=p.explained_variance,
-        metrics=_group_metrics(p.starts_tm, endpoints_tm, p.valid_tm, p.advantages, p.n_valid, p.threshold,
-                               p.explained_variance),
+        metrics=_group_metrics(p.starts_tm, p.valid_tm, p.advantages, p.n_valid, p.threshold, p.explained_variance),
     )
 
 
@@ -341,14 +350,17 @@ def _advantage_pass(rewards, response_mask, values, index, config, old_log_probs
     _segment_gae_(x, ends, batch.invalid_tm, settings.gamma, settings.lam)  # Step 4: x becomes X
     returns = torch.add(x, batch.values_tm, out=batch.rewards_tm)  # rewards are no longer needed
     returns = _to_batch_major(returns.masked_fill_(batch.invalid_tm, 0.0))
-    ev = float("nan")
+    ev, groups = float("nan"), None
+    if with_explained_variance or params.adv_norm == "prompt":
+        groups = _locate_groups(starts, x)
     if with_explained_variance:
-        ev = _explained_variance_at(x, batch.values_tm, starts, params.group_epsilon)
+        values_at_starts = batch.values_tm.view(-1)[groups.flat_tm]
+        ev = _explained_variance(groups.advantage, groups.advantage + values_at_starts, params.group_epsilon)
     _broadcast_from_starts_(x, starts)  # A_k to every token of group k
     x.masked_fill_(batch.invalid_tm, 0.0)
-    _normalize_advantages_(x, batch.invalid_tm, batch.n_valid, starts, batch.index, params.adv_norm,
+    _normalize_advantages_(x, batch.invalid_tm, batch.n_valid, groups, batch.index, params.adv_norm,
                            settings.norm_adv_by_std_in_grpo, params.group_epsilon)  # Step 6
-    return _Pass(_to_batch_major(x), returns, starts, ends, batch.valid_tm, batch.n_valid, tau, ev)
+    return _Pass(_to_batch_major(x), returns, starts, ends, batch.valid_bt, batch.valid_tm, groups, batch.n_valid, tau, ev)
 
 
 def _prepare(rewards, response_mask, values, index, old_log_probs, settings: AlgorithmSettings) -> _Batch:
@@ -372,7 +384,7 @@ def _prepare(rewards, response_mask, values, index, old_log_probs, settings: Alg
         ids = _index_ids(index, shape[0])
     elif settings.group.adv_norm == "prompt":
         raise ValueError("index (the prompt uid of each response) is required by adv_norm='prompt'")
-    return _Batch(valid_tm, ~valid_tm, _time_major(rewards, dtype), _time_major(values, dtype), old_tm, ids,
+    return _Batch(valid, valid_tm, ~valid_tm, _time_major(rewards, dtype), _time_major(values, dtype), old_tm, ids,
                   int(torch.count_nonzero(valid_tm)))
 
 
@@ -488,7 +500,7 @@ def _broadcast_from_starts_(x: torch.Tensor, starts_tm: torch.Tensor) -> None:
         _select(xp, not_start_[t], x_[t - 1], x_[t], out=x_[t])
 
 
-def _normalize_advantages_(x, invalid_tm, n_valid: int, starts_tm, index: Optional[np.ndarray], mode: str,
+def _normalize_advantages_(x, invalid_tm, n_valid: int, groups: Optional[_Groups], index: Optional[np.ndarray], mode: str,
                            norm_by_std: bool, eps: float) -> None:
     """Spec Step 6 normalisation, in place on the broadcast advantages ``x`` (T, B), 0 at masked positions.
 
@@ -508,11 +520,10 @@ def _normalize_advantages_(x, invalid_tm, n_valid: int, starts_tm, index: Option
         var = torch.dot(x.reshape(-1), x.reshape(-1)) / (n + 1e-8) * (n / (n - 1))
         x.mul_(torch.rsqrt(var + 1e-8)).masked_fill_(invalid_tm, 0.0)
         return
-    # prompt: statistics over group advantages, one per group (read at the group starts)
-    cols = starts_tm.nonzero()[:, 1]  # the response of every group, in the order of x[starts_tm]
-    group_adv = x[starts_tm]
+    # prompt: statistics over group advantages, one per group
+    group_adv = groups.advantage
     row_pid = torch.as_tensor(index, device=x.device)
-    pid = row_pid[cols]
+    pid = row_pid[groups.rows]
     n_prompts = int(index.max()) + 1 if len(index) else 0
     count = torch.bincount(pid, minlength=n_prompts).to(x.dtype)
     total = torch.zeros(n_prompts, dtype=x.dtype, device=x.device).index_add_(0, pid, group_adv)
@@ -525,24 +536,29 @@ def _normalize_advantages_(x, invalid_tm, n_valid: int, starts_tm, index: Option
     x.masked_fill_(invalid_tm, 0.0)
 
 
-def _explained_variance_at(x_tm, values_tm, starts_tm, eps: float) -> float:
-    """Boundary explained variance from X (= returns - values) and V at the group starts (spec Step 6)."""
-    if not bool(starts_tm.any()):
+def _locate_groups(starts_tm: torch.Tensor, x_tm: torch.Tensor) -> _Groups:
+    """All groups' first positions (one ``nonzero``), with X read there."""
+    flat = torch.nonzero(starts_tm.view(-1)).squeeze(1)
+    return _Groups(flat, flat % starts_tm.shape[1], x_tm.view(-1)[flat])
+
+
+def _explained_variance(error: torch.Tensor, returns: torch.Tensor, eps: float) -> float:
+    """``1 - Var(error) / (Var(returns) + eps)`` (population variances, float64), clipped to [-1, 1]; NaN if empty."""
+    if error.numel() == 0:
         return float("nan")
-    err = x_tm[starts_tm].double()
-    ret = err + values_tm[starts_tm].double()
-    ev = 1.0 - err.var(correction=0) / (ret.var(correction=0) + eps)
+    ev = 1.0 - error.double().var(correction=0) / (returns.double().var(correction=0) + eps)
     return float(ev.clamp(-1.0, 1.0))
 
 
-def _group_metrics(starts_tm, ends_tm, valid_tm, advantages, n_valid: int, tau: float, ev: float) -> dict[str, float]:
-    """The spec's ``group/*`` metrics."""
-    n_groups = int(starts_tm.sum())
-    n_responses = int(valid_tm.any(dim=0).sum())
+def _group_metrics(starts_tm: torch.Tensor, valid_tm: torch.Tensor, advantages: torch.Tensor, n_valid: int,
+                   tau: float, ev: float) -> dict[str, float]:
+    """The spec's ``group/*`` metrics. ``advantages`` (B, T) is 0 at masked positions."""
+    n_groups = int(torch.count_nonzero(starts_tm))
+    n_responses = int(torch.count_nonzero(valid_tm.any(dim=0)))
     metrics = {
         "group/num_groups": float(n_groups),
         "group/mean_group_size": n_valid / n_groups if n_groups else 0.0,
-        "group/max_group_size": 0.0,
+        "group/max_group_size": float(_max_group_size(starts_tm, valid_tm)),
         "group/groups_per_response": n_groups / n_responses if n_responses else 0.0,
         "group/compression_ratio": 1.0 - n_groups / n_valid if n_valid else 0.0,
         "group/threshold": float(tau),
@@ -552,17 +568,40 @@ def _group_metrics(starts_tm, ends_tm, valid_tm, advantages, n_valid: int, tau: 
         "group/advantage_min": 0.0,
         "group/advantage_max": 0.0,
     }
-    if n_groups:
-        # Starts and ends pair up in (response, time) order; groups never span a hole.
-        first = starts_tm.t().nonzero()[:, 1]
-        last = ends_tm.t().nonzero()[:, 1]
-        metrics["group/max_group_size"] = float((last - first + 1).max())
-        adv = advantages[valid_tm.t()].double()
-        metrics["group/advantage_mean"] = float(adv.mean())
-        metrics["group/advantage_std"] = float(adv.std(correction=0))
-        metrics["group/advantage_min"] = float(adv.min())
-        metrics["group/advantage_max"] = float(adv.max())
+    if n_valid:
+        total = float(advantages.sum(dtype=torch.float64))
+        squares = float(torch.dot(advantages.reshape(-1), advantages.reshape(-1)).double())
+        mean = total / n_valid
+        low, high = _min_max_at(advantages, valid_tm.t(), n_valid)
+        metrics.update({"group/advantage_mean": mean, "group/advantage_std": max(squares / n_valid - mean**2, 0.0) ** 0.5,
+                        "group/advantage_min": low, "group/advantage_max": high})
     return metrics
+
+
+def _max_group_size(starts_tm: torch.Tensor, valid_tm: torch.Tensor) -> int:
+    """Most valid tokens in one group: a forward pass counting tokens since the last group start."""
+    T, B = starts_tm.shape
+    count = torch.zeros((B,), dtype=torch.int32, device=starts_tm.device)
+    most = torch.zeros_like(count)
+    not_start = ~starts_tm
+    xp, (count_, most_, not_start_, valid_) = _array_backend(count, most, not_start, valid_tm)
+    for t in range(T):
+        xp.multiply(count_, not_start_[t], out=count_)
+        xp.add(count_, valid_[t], out=count_)
+        xp.maximum(most_, count_, out=most_)
+    return int(most.max()) if B else 0
+
+
+def _min_max_at(x: torch.Tensor, valid: torch.Tensor, n_valid: int) -> tuple[float, float]:
+    """Min and max of ``x`` over valid positions, where ``x`` is 0 at masked ones.
+
+    The unmasked min/max is exact unless it is the 0 of a masked position; only then mask explicitly.
+    """
+    low, high = (float(v) for v in torch.aminmax(x))
+    if n_valid < x.numel() and (low == 0.0 or high == 0.0):
+        selected = x[valid]
+        low, high = float(selected.min()), float(selected.max())
+    return low, high
 
 
 # ==================================================================================================

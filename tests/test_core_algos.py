@@ -1,0 +1,424 @@
+"""GROUP-PPO core: fast implementation vs the loop reference, the spec's properties, verl equalities, errors."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from omegaconf import OmegaConf
+from verl.trainer.ppo.core_algos import compute_gae_advantage_return, compute_grpo_outcome_advantage
+from verl_group_ppo_testutils_reference import reference_group_ppo
+
+from verl_group_ppo.config import GroupParams
+from verl_group_ppo.core_algos import (
+    ThresholdState,
+    boundary_explained_variance,
+    compute_group_advantage,
+    compute_group_ppo_outputs,
+    create_critic_endpoint_mask,
+    endpoints_to_group_ids,
+    find_group_endpoints,
+    update_threshold,
+)
+
+F64 = torch.float64
+
+
+def make_batch(seed: int, B: int, T: int, mask_kind: str = "prefix", dense: bool = True, junk: bool = True,
+               empty_rows: bool = False, n_prompts: int = 2, dtype=F64):
+    """Rewards, mask, values, old log-probs and uids; masked positions hold junk (NaN, inf) when asked."""
+    g = torch.Generator().manual_seed(seed)
+    if mask_kind == "prefix":
+        lengths = torch.randint(1, T + 1, (B,), generator=g)
+        mask = (torch.arange(T)[None] < lengths[:, None]).to(dtype)
+    elif mask_kind == "holes":  # multi-turn: runs of valid tokens separated by masked observations
+        mask = (torch.rand(B, T, generator=g) < 0.75).to(dtype)
+        mask[:, 0] = 1
+    else:  # anything, leading masked positions included
+        mask = (torch.rand(B, T, generator=g) < 0.5).to(dtype)
+    if empty_rows:
+        mask[torch.rand(B, generator=g) < 0.3] = 0
+    valid = mask.bool()
+    if dense:
+        rewards = torch.randn(B, T, generator=g, dtype=dtype)
+    else:  # outcome reward at the last valid token
+        rewards = torch.zeros(B, T, dtype=dtype)
+        for b in range(B):
+            idx = valid[b].nonzero()
+            if len(idx):
+                rewards[b, idx[-1]] = float(torch.randint(0, 2, (1,), generator=g))
+    values = torch.randn(B, T, generator=g, dtype=dtype)
+    old_log_probs = torch.rand(B, T, generator=g, dtype=dtype).clamp(min=1e-3).log()
+    if junk:
+        junk_values = torch.tensor([float("nan"), float("inf"), -float("inf"), 1e30], dtype=dtype)
+        pick = torch.randint(0, 4, (B, T), generator=g)
+        for x in (rewards, values, old_log_probs):
+            x[~valid] = junk_values[pick[~valid]]
+    index = np.array([f"uid-{b % n_prompts}" for b in range(B)], dtype=object)
+    return rewards, mask, values, old_log_probs, index
+
+
+def config(gamma=1.0, lam=1.0, norm_by_std=True, **group):
+    group.setdefault("adaptive_threshold", False)
+    return {"gamma": gamma, "lam": lam, "norm_adv_by_std_in_grpo": norm_by_std, "group_params": group}
+
+
+def assert_close(a, b, tol=1e-9):
+    torch.testing.assert_close(a.to(F64), b.to(F64), rtol=tol, atol=tol, equal_nan=False)
+
+
+# --------------------------------------------------------------------------------------------------
+# fast == reference
+
+
+@st.composite
+def cases(draw):
+    T = draw(st.integers(1, 20))
+    return dict(
+        seed=draw(st.integers(0, 2**31 - 1)),
+        B=draw(st.integers(1, 6)),
+        T=T,
+        mask_kind=draw(st.sampled_from(["prefix", "holes", "random"])),
+        dense=draw(st.booleans()),
+        empty_rows=draw(st.booleans()),
+        n_prompts=draw(st.integers(1, 3)),
+        gamma=draw(st.one_of(st.sampled_from([0.0, 0.5, 0.99, 1.0]), st.floats(0.0, 1.0))),
+        lam=draw(st.one_of(st.sampled_from([0.0, 0.95, 1.0]), st.floats(0.0, 1.0))),
+        threshold=draw(st.one_of(st.sampled_from([0.0, 0.3, 1.0, 4.0, math.inf]), st.floats(0.0, 50.0))),
+        group_max_size=draw(st.integers(1, T + 2)),
+        boundary_rule=draw(st.sampled_from(["variance", "fixed", "low_prob"])),
+        adv_norm=draw(st.sampled_from(["batch", "prompt", "none"])),
+        norm_by_std=draw(st.booleans()),
+        low_prob_threshold=draw(st.sampled_from([0.1, 0.5, 0.9])),
+    )
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cases())
+def test_fast_equals_loop_reference(case):
+    rewards, mask, values, olp, index = make_batch(case["seed"], case["B"], case["T"], case["mask_kind"],
+                                                   case["dense"], True, case["empty_rows"], case["n_prompts"])
+    cfg = config(case["gamma"], case["lam"], case["norm_by_std"], group_max_size=case["group_max_size"],
+                 boundary_rule=case["boundary_rule"], adv_norm=case["adv_norm"],
+                 low_prob_threshold=case["low_prob_threshold"])
+    out = compute_group_ppo_outputs(rewards, mask, values, index=index, config=cfg, old_log_probs=olp,
+                                    threshold=case["threshold"])
+    ref = reference_group_ppo(rewards, mask, values, gamma=case["gamma"], lam=case["lam"],
+                              threshold=case["threshold"], group_max_size=case["group_max_size"],
+                              boundary_rule=case["boundary_rule"], adv_norm=case["adv_norm"],
+                              norm_by_std=case["norm_by_std"], low_prob_threshold=case["low_prob_threshold"],
+                              old_log_probs=olp, index=index)
+    assert torch.equal(out.endpoint_mask, ref.endpoints)
+    assert torch.equal(out.group_ids, ref.group_ids)
+    assert torch.equal(out.critic_mask, ref.critic_mask)
+    assert_close(out.critic_loss_weights, ref.critic_loss_weights)
+    assert_close(out.returns, ref.returns)
+    assert_close(out.advantages, ref.advantages)
+    assert out.metrics["group/num_groups"] == ref.num_groups
+    assert out.metrics["group/max_group_size"] == ref.max_group_size
+    if math.isnan(ref.explained_variance):
+        assert math.isnan(out.boundary_explained_variance)
+    else:
+        assert out.boundary_explained_variance == pytest.approx(ref.explained_variance, abs=1e-9)
+    # the plain estimator gives the same advantages and returns
+    adv, ret = compute_group_advantage(rewards, mask, values, index=index, config=cfg, old_log_probs=olp,
+                                       threshold=case["threshold"])
+    assert torch.equal(adv, out.advantages) and torch.equal(ret, out.returns)
+
+
+# --------------------------------------------------------------------------------------------------
+# numbered properties of the spec
+
+
+@pytest.mark.parametrize("mask_kind", ["prefix", "holes", "random"])
+@pytest.mark.parametrize("rule", ["variance", "fixed", "low_prob"])
+def test_groups_partition_valid_tokens_into_contiguous_capped_runs(mask_kind, rule):  # properties 1, 2, 3, 6
+    rewards, mask, values, olp, index = make_batch(3, 8, 40, mask_kind, empty_rows=True)
+    gmax = 5
+    out = compute_group_ppo_outputs(rewards, mask, values, index, config(group_max_size=gmax, boundary_rule=rule),
+                                    old_log_probs=olp, threshold=2.0)
+    valid = mask.bool()
+    assert torch.all(out.group_ids[~valid] == 0) and torch.all(out.group_ids[valid] > 0)
+    for b in range(mask.shape[0]):
+        pos = valid[b].nonzero().squeeze(1).tolist()
+        ids = out.group_ids[b, pos].tolist()
+        if not pos:
+            continue
+        assert ids[0] == 1 and all(0 <= j - i <= 1 for i, j in zip(ids, ids[1:]))  # contiguous, in order
+        for k in set(ids):
+            members = [p for p, i in zip(pos, ids) if i == k]
+            assert len(members) <= gmax
+            assert members == list(range(members[0], members[-1] + 1))  # no group spans a hole
+            assert out.critic_mask[b, members].tolist() == [1.0] + [0.0] * (len(members) - 1)  # one slot, first
+            assert out.endpoint_mask[b, members[-1]] and not out.endpoint_mask[b, members[:-1]].any()
+            assert len(set(out.advantages[b, members].tolist())) == 1  # constant within the group
+        assert out.endpoint_mask[b, pos[-1]]  # the last valid token ends a group
+    assert int(out.critic_mask.sum()) == out.metrics["group/num_groups"]
+
+
+@pytest.mark.parametrize("mask_kind", ["prefix", "holes", "random"])
+@pytest.mark.parametrize("how", ["tau0", "size1"])
+def test_token_limit_equals_verl_gae(mask_kind, how):  # property 4
+    rewards, mask, values, olp, index = make_batch(7, 6, 50, mask_kind, junk=False)
+    limit = {"tau0": dict(threshold=0.0, gmax=16), "size1": dict(threshold=3.0, gmax=1)}[how]
+    verl_adv, verl_ret = compute_gae_advantage_return(rewards, values, mask, gamma=0.97, lam=0.9)
+    valid = mask.bool()
+    for adv_norm in ("batch", "none"):
+        adv, ret = compute_group_advantage(rewards, mask, values, index, threshold=limit["threshold"],
+                                           config=config(0.97, 0.9, group_max_size=limit["gmax"], adv_norm=adv_norm))
+        assert (ret[valid] - verl_ret[valid]).abs().max() <= 1e-9
+        expected = verl_adv if adv_norm == "batch" else verl_ret - values
+        assert (adv[valid] - expected[valid]).abs().max() <= 1e-9
+        assert torch.all(adv[~valid] == 0) and torch.all(ret[~valid] == 0)
+
+
+@pytest.mark.parametrize("norm_by_std", [True, False])
+def test_one_group_limit_is_sequence_advantage_and_verl_grpo(norm_by_std):  # property 5
+    B, T, n = 12, 30, 4
+    rewards, mask, values, _, index = make_batch(11, B, T, "prefix", dense=False, junk=False, n_prompts=B // n)
+    rewards[mask.bool()] += 0.1 * torch.randn(int(mask.sum()), dtype=F64)  # per-token rewards too
+    valid = mask.bool()
+    for b in range(B):  # V[p_0] equal for responses to the same prompt
+        values[b, 0] = values[b % (B // n), 0]
+    one_group = dict(threshold=math.inf)
+    gmax = T
+    adv, _ = compute_group_advantage(rewards, mask, values, index, config=config(0.9, 0.7, group_max_size=gmax,
+                                                                                  adv_norm="none"), **one_group)
+    discount = 0.9 ** torch.arange(T, dtype=F64)
+    expected = (rewards * mask * discount).sum(1) - values[:, 0]
+    assert ((adv - expected[:, None])[valid]).abs().max() <= 1e-9
+    # adv_norm=prompt, gamma=1: verl's GRPO
+    adv, _ = compute_group_advantage(rewards, mask, values, index,
+                                     config=config(1.0, 0.7, norm_by_std, group_max_size=gmax, adv_norm="prompt"),
+                                     **one_group)
+    grpo, _ = compute_grpo_outcome_advantage(rewards, mask, index, epsilon=1e-6, norm_adv_by_std_in_grpo=norm_by_std)
+    assert (adv[valid] - grpo[valid]).abs().max() <= 1e-9
+
+
+def test_one_group_returns_are_monte_carlo_returns_to_go():  # Step 4 check
+    rewards, mask, values, _, index = make_batch(5, 4, 12, "prefix", junk=False)
+    _, ret = compute_group_advantage(rewards, mask, values, index, threshold=math.inf,
+                                     config=config(0.8, 0.3, group_max_size=12, adv_norm="none"))
+    for b in range(4):
+        L = int(mask[b].sum())
+        for t in range(L):
+            mc = sum(0.8**k * float(rewards[b, t + k]) for k in range(L - t))
+            assert float(ret[b, t]) == pytest.approx(mc, abs=1e-12)
+
+
+def test_padding_junk_and_batch_order_change_nothing():  # property 7
+    rewards, mask, values, olp, index = make_batch(13, 7, 25, "holes", junk=False, empty_rows=True)
+    cfg = config(0.95, 0.9, group_max_size=6, adv_norm="prompt")
+    base = compute_group_ppo_outputs(rewards, mask, values, index, cfg, threshold=1.5)
+    # extra right padding (with junk in it)
+    pad = lambda x, v: torch.cat([x, torch.full((x.shape[0], 9), v, dtype=x.dtype)], 1)  # noqa: E731
+    padded = compute_group_ppo_outputs(pad(rewards, float("nan")), pad(mask, 0.0), pad(values, float("inf")), index,
+                                       cfg, threshold=1.5)
+    assert_close(padded.advantages[:, :25], base.advantages)
+    assert torch.all(padded.advantages[:, 25:] == 0)
+    # junk at masked positions
+    r2, v2 = rewards.clone(), values.clone()
+    r2[~mask.bool()], v2[~mask.bool()] = float("nan"), -float("inf")
+    junked = compute_group_ppo_outputs(r2, mask, v2, index, cfg, threshold=1.5)
+    assert torch.equal(junked.advantages, base.advantages) and torch.equal(junked.returns, base.returns)
+    # batch order
+    perm = torch.randperm(7, generator=torch.Generator().manual_seed(0))
+    shuffled = compute_group_ppo_outputs(rewards[perm], mask[perm], values[perm], index[perm.numpy()], cfg,
+                                         threshold=1.5)
+    assert_close(shuffled.advantages, base.advantages[perm])
+    assert torch.equal(shuffled.group_ids, base.group_ids[perm])
+    # rows with no valid token give zeros
+    empty = ~mask.bool().any(1)
+    assert empty.any() and torch.all(base.advantages[empty] == 0) and torch.all(base.returns[empty] == 0)
+
+
+def test_all_masked_batch_gives_zeros_and_no_error():
+    rewards, values = torch.randn(3, 5), torch.randn(3, 5)
+    out = compute_group_ppo_outputs(rewards, torch.zeros(3, 5), values, np.arange(3), config(adv_norm="prompt"))
+    assert torch.all(out.advantages == 0) and torch.all(out.returns == 0) and torch.all(out.critic_mask == 0)
+    assert math.isnan(out.boundary_explained_variance) and out.metrics["group/num_groups"] == 0
+
+
+def test_adaptive_threshold_changes_group_sizes_monotonically():
+    rewards, mask, values, _, index = make_batch(17, 16, 64, "prefix", junk=False)
+    sizes = [compute_group_ppo_outputs(rewards, mask, values, index, config(group_max_size=64), threshold=tau)
+             .metrics["group/mean_group_size"] for tau in (0.0, 0.5, 2.0, 8.0, math.inf)]
+    assert sizes[0] == 1.0 and sizes == sorted(sizes) and sizes[-1] == pytest.approx(float(mask.sum()) / 16)
+
+
+# --------------------------------------------------------------------------------------------------
+# the smaller public functions agree with the rich pass
+
+
+def test_small_functions_agree_with_rich_outputs():
+    rewards, mask, values, olp, index = make_batch(21, 5, 30, "holes", junk=True)
+    for rule in ("variance", "fixed", "low_prob"):
+        out = compute_group_ppo_outputs(rewards, mask, values, index, config(0.9, group_max_size=4, boundary_rule=rule),
+                                        old_log_probs=olp, threshold=1.0)
+        ends = find_group_endpoints(rewards, mask, values, gamma=0.9, threshold=1.0, group_max_size=4,
+                                    boundary_rule=rule, old_log_probs=olp)
+        assert torch.equal(ends, out.endpoint_mask)
+        ids = endpoints_to_group_ids(ends, mask)
+        assert torch.equal(ids, out.group_ids)
+        assert torch.equal(create_critic_endpoint_mask(mask, ids), out.critic_mask)
+        ev = boundary_explained_variance(out.returns, values.nan_to_num(0.0, 0.0, 0.0), out.critic_mask)
+        assert ev == pytest.approx(out.boundary_explained_variance, abs=1e-12)
+
+
+def test_critic_loss_weights_average_to_boundary_mean():
+    rewards, mask, values, _, index = make_batch(23, 6, 20, "prefix", junk=False)
+    out = compute_group_ppo_outputs(rewards, mask, values, index, config(group_max_size=4), threshold=1.0)
+    per_token = torch.rand(6, 20, dtype=F64)
+    token_mean = (per_token * out.critic_loss_weights).sum() / mask.sum()  # verl's token-mean, weighted
+    boundary_mean = per_token[out.critic_mask.bool()].mean()
+    assert float(token_mean) == pytest.approx(float(boundary_mean), rel=1e-12)
+
+
+# --------------------------------------------------------------------------------------------------
+# dtypes, devices, purity
+
+
+def test_low_precision_inputs_compute_in_fp32_and_match_fp64():
+    rewards, mask, values, _, index = make_batch(29, 6, 40, "prefix", junk=False)
+    cfg = config(0.99, 0.95, group_max_size=8, boundary_rule="fixed")
+    ref_adv, ref_ret = compute_group_advantage(rewards, mask, values, index, cfg)
+    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 5e-2)):
+        adv, ret = compute_group_advantage(rewards.to(dtype), mask.to(dtype), values.to(dtype), index, cfg)
+        assert adv.dtype == torch.float32 and ret.dtype == torch.float32
+        ret_ref_low = compute_group_advantage(rewards.to(dtype).double(), mask, values.to(dtype).double(), index,
+                                              cfg)[1]
+        assert (ret.double() - ret_ref_low).abs().max() <= tol * max(1.0, float(ret_ref_low.abs().max()))
+    assert ref_adv.dtype == F64 and ref_ret.dtype == F64
+
+
+def test_inputs_are_not_mutated_and_no_graph_is_built():
+    rewards, mask, values, olp, index = make_batch(31, 4, 16, "holes", junk=True)
+    values.requires_grad_(True)
+    copies = [x.detach().clone() for x in (rewards, mask, values, olp)]
+    out = compute_group_ppo_outputs(rewards, mask, values, index, config(boundary_rule="low_prob"), old_log_probs=olp)
+    assert not out.advantages.requires_grad and not out.returns.requires_grad
+    for before, after in zip(copies, (rewards, mask, values.detach(), olp)):
+        assert torch.equal(before.nan_to_num(7.0, 7.0, 7.0), after.nan_to_num(7.0, 7.0, 7.0))
+    one_row = torch.randn(1, 8)  # a (1, T) batch, whose transpose is contiguous
+    one_row_copy = one_row.clone()
+    compute_group_advantage(one_row, torch.ones(1, 8), one_row, config=config())
+    assert torch.equal(one_row, one_row_copy)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_matches_cpu():
+    rewards, mask, values, olp, index = make_batch(37, 8, 64, "holes", junk=True)
+    cfg = config(0.99, 0.95, group_max_size=8, adv_norm="prompt")
+    cpu = compute_group_ppo_outputs(rewards, mask, values, index, cfg, threshold=1.0)
+    gpu = compute_group_ppo_outputs(rewards.cuda(), mask.cuda(), values.cuda(), index, cfg, threshold=1.0)
+    assert_close(gpu.advantages.cpu(), cpu.advantages)
+    assert torch.equal(gpu.group_ids.cpu(), cpu.group_ids)
+
+
+# --------------------------------------------------------------------------------------------------
+# bad inputs: a ValueError naming the argument
+
+
+def _good():
+    rewards, mask, values, olp, index = make_batch(41, 3, 6, "prefix", junk=False)
+    return dict(token_level_rewards=rewards, response_mask=mask, values=values, index=index, config=config(),
+                old_log_probs=olp)
+
+
+@pytest.mark.parametrize(
+    "change, name",
+    [
+        (lambda k: k.update(values=None), "values"),
+        (lambda k: k.update(values=k["values"][:, :4]), "values"),
+        (lambda k: k.update(token_level_rewards=k["token_level_rewards"].long()), "token_level_rewards"),
+        (lambda k: k.update(response_mask=k["response_mask"][0]), "response_mask"),
+        (lambda k: k["response_mask"].__setitem__((0, 0), 2.0), "response_mask"),
+        (lambda k: k["response_mask"].__setitem__((0, 0), 0.5), "response_mask"),
+        (lambda k: k["response_mask"].__setitem__((0, 0), float("nan")), "response_mask"),
+        (lambda k: k["token_level_rewards"].__setitem__((0, 0), float("nan")), "token_level_rewards"),
+        (lambda k: k["values"].__setitem__((0, 0), float("inf")), "values"),
+        (lambda k: k.update(config=config(gamma=1.5)), "gamma"),
+        (lambda k: k.update(config=config(lam=-0.1)), "lam"),
+        (lambda k: k.update(config=config(group_max_size=0)), "group_max_size"),
+        (lambda k: k.update(config=config(group_variance_threshold=-1.0)), "group_variance_threshold"),
+        (lambda k: k.update(config=config(min_threshold=-0.5)), "min_threshold"),
+        (lambda k: k.update(config=config(min_threshold=5.0, max_threshold=1.0)), "min_threshold"),
+        (lambda k: k.update(config=config(boundary_rule="low_prob"), old_log_probs=None), "old_log_probs"),
+        (lambda k: k.update(config=config(adv_norm="prompt"), index=None), "index"),
+        (lambda k: k.update(index=k["index"][:2]), "index"),
+        (lambda k: k.update(config=config(group_max_sise=4)), "group_max_sise"),
+        (lambda k: k.update(threshold=-1.0), "threshold"),
+    ],
+)
+def test_bad_input_raises_value_error_naming_it(change, name):
+    kwargs = _good()
+    change(kwargs)
+    with pytest.raises(ValueError, match=name):
+        compute_group_advantage(**kwargs)
+
+
+def test_valid_masked_nan_in_old_log_probs_is_named():
+    kwargs = _good()
+    kwargs["old_log_probs"][0, 0] = float("nan")
+    kwargs["config"] = config(boundary_rule="low_prob")
+    with pytest.raises(ValueError, match="old_log_probs"):
+        compute_group_advantage(**kwargs)
+
+
+def test_mask_dtypes_bool_int_float_agree():
+    kwargs = _good()
+    outs = []
+    for dtype in (torch.bool, torch.int64, torch.float32):
+        kwargs["response_mask"] = kwargs["response_mask"].to(dtype)
+        outs.append(compute_group_advantage(**kwargs)[0])
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[1], outs[2])
+
+
+# --------------------------------------------------------------------------------------------------
+# adaptive threshold
+
+
+def test_update_threshold_moves_toward_target_and_clips():
+    p = GroupParams(threshold_lr=0.5, target_explained_variance=0.5, min_threshold=0.5, max_threshold=4.0)
+    assert update_threshold(1.0, -1.0, p) == pytest.approx(math.exp(0.75))  # poor critic: longer groups
+    assert update_threshold(1.0, 1.0, p) == pytest.approx(math.exp(-0.25))  # good critic: shorter groups
+    assert update_threshold(1.0, 0.5, p) == pytest.approx(1.0)
+    assert update_threshold(1.0, -50.0, p) == pytest.approx(math.exp(0.75))  # ev clipped to [-1, 1]
+    assert update_threshold(3.9, -1.0, p) == 4.0 and update_threshold(0.51, 1.0, p) == 0.5
+    assert update_threshold(2.0, float("nan"), p) == 2.0
+
+
+def test_threshold_state_update_rules_and_round_trip():
+    params = GroupParams(threshold_lr=0.1)
+    state = ThresholdState.from_params(params)
+    assert state.value == 1.0
+    state.update(0.0, params)
+    assert state.value == pytest.approx(math.exp(0.05))
+    fresh = ThresholdState(3.0)
+    fresh.load_state_dict(state.state_dict())
+    assert fresh.value == state.value and fresh.state_dict() == {"threshold": state.value}
+    for frozen in (GroupParams(adaptive_threshold=False), GroupParams(boundary_rule="fixed")):
+        s = ThresholdState(1.0)
+        s.update(-1.0, frozen)
+        assert s.value == 1.0
+    with pytest.raises(ValueError, match="threshold"):
+        fresh.load_state_dict({"threshold": -2.0})
+    with pytest.raises(ValueError, match="threshold"):
+        fresh.load_state_dict({"tau": 1.0})
+
+
+def test_config_from_omegaconf_and_algoconfig():
+    from verl.trainer.config import AlgoConfig
+
+    node = OmegaConf.create({"gamma": 0.9, "lam": 0.8, "group_params": {"group_max_size": 4, "adv_norm": "none"}})
+    rewards, mask, values, _, index = make_batch(43, 3, 10, "prefix", junk=False)
+    a1 = compute_group_advantage(rewards, mask, values, index, config=node)[0]
+    a2 = compute_group_advantage(rewards, mask, values, index, config=OmegaConf.to_container(node))[0]
+    assert torch.equal(a1, a2)
+    a3 = compute_group_advantage(rewards, mask, values, index, config=AlgoConfig(gamma=0.9, lam=0.8))[0]
+    a4 = compute_group_advantage(rewards, mask, values, index, config={"gamma": 0.9, "lam": 0.8})[0]
+    assert torch.equal(a3, a4)
