@@ -422,3 +422,17 @@ def test_config_from_omegaconf_and_algoconfig():
     a3 = compute_group_advantage(rewards, mask, values, index, config=AlgoConfig(gamma=0.9, lam=0.8))[0]
     a4 = compute_group_advantage(rewards, mask, values, index, config={"gamma": 0.9, "lam": 0.8})[0]
     assert torch.equal(a3, a4)
+
+
+def test_worked_example_from_docs():
+    """docs/algorithm.md's table, computed by hand there."""
+    r = torch.tensor([[0, 0, 0, 0, 0, 1.0]], dtype=F64)
+    v = torch.tensor([[0.5, 0.5, 0.6, 0.2, 0.8, 0.9]], dtype=F64)
+    out = compute_group_ppo_outputs(r, torch.ones(1, 6, dtype=F64), v,
+                                    config=config(1.0, 0.95, group_max_size=4, adv_norm="none"), threshold=1.0)
+    assert out.endpoint_mask.tolist() == [[False, False, True, True, False, True]]
+    assert out.group_ids.tolist() == [[1, 1, 1, 2, 3, 3]]
+    assert out.advantages[0].tolist() == pytest.approx([0.4505] * 3 + [0.79] + [0.2] * 2, abs=1e-12)
+    assert out.returns[0].tolist() == pytest.approx([0.9505] * 3 + [0.99, 1.0, 1.0], abs=1e-12)
+    assert out.critic_mask[0].tolist() == [1, 0, 0, 1, 1, 0]
+    assert out.critic_loss_weights[0].tolist() == [2, 0, 0, 2, 2, 0]

@@ -1,0 +1,76 @@
+"""GroupParams: defaults from the spec, construction from dicts and OmegaConf, validation naming the key."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+from omegaconf import OmegaConf
+
+from verl_group_ppo.config import GroupParams, read_algorithm_settings
+
+SPEC_DEFAULTS = {
+    "group_variance_threshold": 1.0, "group_max_size": 16, "group_epsilon": 1e-6, "adaptive_threshold": True,
+    "threshold_lr": 0.01, "min_threshold": 0.1, "max_threshold": 10.0, "boundary_rule": "variance",
+    "low_prob_threshold": 0.9, "adv_norm": "batch", "target_explained_variance": 0.5,
+    "critic_loss_on": "boundaries",
+}
+
+
+def test_defaults_are_the_spec_defaults_and_every_key_has_help():
+    assert GroupParams().to_dict() == SPEC_DEFAULTS
+    assert set(GroupParams.help()) == set(SPEC_DEFAULTS) and all(GroupParams.help().values())
+
+
+def test_from_none_dict_and_omegaconf():
+    assert GroupParams.from_config(None) == GroupParams()
+    p = GroupParams.from_config({"group_max_size": 4, "adv_norm": "prompt"})
+    assert p.group_max_size == 4 and p.adv_norm == "prompt" and p.threshold_lr == 0.01
+    assert GroupParams.from_config(OmegaConf.create({"group_max_size": 4, "adv_norm": "prompt"})) == p
+    assert GroupParams.from_config(p) is p
+    assert GroupParams.from_config(p.to_dict()) == p
+
+
+def test_values_as_yaml_and_command_lines_give_them():
+    p = GroupParams.from_config({"group_max_size": 8.0, "group_variance_threshold": "inf", "adaptive_threshold": "false",
+                                 "threshold_lr": 1})
+    assert p.group_max_size == 8 and math.isinf(p.group_variance_threshold) and p.adaptive_threshold is False
+    assert isinstance(p.threshold_lr, float)
+
+
+@pytest.mark.parametrize("key, value", [
+    ("group_max_size", 0), ("group_max_size", 2.5), ("group_max_size", True), ("group_variance_threshold", -0.1),
+    ("group_variance_threshold", "lots"), ("group_epsilon", 0.0), ("threshold_lr", -1.0), ("min_threshold", -1.0),
+    ("max_threshold", -1.0), ("low_prob_threshold", 1.5), ("target_explained_variance", 2.0),
+    ("adaptive_threshold", "maybe"), ("boundary_rule", "entropy"), ("adv_norm", "group"),
+    ("critic_loss_on", "everywhere"), ("groupmax_size", 4),
+])
+def test_bad_value_names_the_key(key, value):
+    with pytest.raises(ValueError, match=key):
+        GroupParams.from_config({key: value})
+
+
+def test_threshold_range_checks():
+    with pytest.raises(ValueError, match="min_threshold"):
+        GroupParams(min_threshold=2.0, max_threshold=1.0)
+    with pytest.raises(ValueError, match="group_variance_threshold"):
+        GroupParams(group_variance_threshold=20.0)  # outside [0.1, 10] with adaptation on
+    assert GroupParams(group_variance_threshold=20.0, adaptive_threshold=False).group_variance_threshold == 20.0
+    assert GroupParams(group_variance_threshold=0.0, boundary_rule="fixed").boundary_rule == "fixed"
+
+
+def test_group_params_is_frozen():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        GroupParams().group_max_size = 3  # type: ignore[misc]
+
+
+def test_read_algorithm_settings():
+    s = read_algorithm_settings({"gamma": 0.9, "lam": "0.5", "norm_adv_by_std_in_grpo": False,
+                                 "group_params": {"group_max_size": 2}})
+    assert (s.gamma, s.lam, s.norm_adv_by_std_in_grpo, s.group.group_max_size) == (0.9, 0.5, False, 2)
+    assert read_algorithm_settings(None).gamma == 1.0
+    with pytest.raises(ValueError, match="gamma"):
+        read_algorithm_settings({"gamma": 2.0})
+    with pytest.raises(ValueError, match="group_params"):
+        read_algorithm_settings({"group_params": [1, 2]})
