@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Callable
 
+import torch
 from tensordict import TensorDict
 
 from verl.trainer.ppo.core_algos import compute_value_loss
@@ -101,10 +102,13 @@ def boundary_value_loss(config: Any, model_output: dict, data: TensorDict, dp_gr
             raise ValueError("batch_num_tokens (verl's global token count) is required when dp_size > 1")
         batch_num_tokens = response_mask.sum()
 
+    # Only boundary positions may reach the loss, gradients included: select them with `where` so that
+    # anything stored elsewhere (even non-finite) cannot turn a zero weight into a NaN gradient.
+    boundary = weights > 0
     vf_loss, vf_clipfrac = compute_value_loss(
         vpreds=vpreds,
-        returns=padded["returns"],
-        values=padded["values"],
+        returns=torch.where(boundary, padded["returns"], vpreds.detach()),
+        values=torch.where(boundary, padded["values"], vpreds.detach()),
         response_mask=weights,  # a weight per position: verl's masked_sum multiplies by it
         cliprange_value=config.cliprange_value,
         loss_agg_mode="token-mean",

@@ -1,0 +1,148 @@
+"""The GROUP-PPO critic loss (spec Step 7) through verl's own critic data path, and its edge cases."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+import verl_group_ppo_testutils_integration as U
+from verl.trainer.ppo.core_algos import compute_value_loss
+from verl.utils import tensordict_utils as tu
+from verl.workers.config import CriticConfig
+from verl.workers.utils.losses import value_loss
+from verl.workers.utils.padding import no_padding_2_padding
+from verl_group_ppo.critic_loss import (
+    CRITIC_MASK_KEY,
+    CRITIC_WEIGHTS_KEY,
+    BoundaryLossConfig,
+    boundary_value_loss,
+    make_critic_loss_fn,
+)
+
+CLIP = 0.2
+
+
+@pytest.fixture(scope="module")
+def advantage_batch(ray_tq):
+    """A batch after the GROUP-PPO advantage step (6 responses, holes, one padding row), stored in TQ."""
+    trainer = U.make_trainer(["++algorithm.group_params.group_variance_threshold=2.0"])
+    return trainer._compute_advantage(U.put_samples(U.make_samples(seed=11)), {})
+
+
+def reference_boundary_loss(meta) -> float:
+    """0.5 * mean over critic-mask positions of verl's clipped value loss (the spec's definition)."""
+    import transfer_queue as tq
+
+    data = tq.kv_batch_get(keys=meta.keys, partition_id=meta.partition_id,
+                           select_fields=["prompts", "responses", "values", "returns", CRITIC_MASK_KEY, U.FAKE_VPRED_KEY])
+    vpreds = no_padding_2_padding(data[U.FAKE_VPRED_KEY], data)
+    padded = data.select("values", "returns", CRITIC_MASK_KEY).to_padded_tensor()
+    loss, _ = compute_value_loss(vpreds=vpreds, returns=padded["returns"], values=padded["values"],
+                                 response_mask=padded[CRITIC_MASK_KEY].bool(), cliprange_value=CLIP,
+                                 loss_agg_mode="token-mean")
+    return float(loss)
+
+
+def boundary_loss_fn():
+    return make_critic_loss_fn(CriticConfig(strategy="fsdp", cliprange_value=CLIP, ppo_micro_batch_size_per_gpu=1),
+                               "boundaries")
+
+
+def test_full_batch_loss_is_the_mean_over_boundary_positions(advantage_batch):
+    losses, metrics = U.critic_losses_through_verl(advantage_batch, boundary_loss_fn(), dp_size=1,
+                                                   mini_batch_size=6, micro_batch_size=6)
+    assert losses[0] == pytest.approx(reference_boundary_loss(advantage_batch), rel=1e-6)
+    assert {"critic/vf_loss", "critic/vf_clipfrac", "critic/vpred_mean"} <= set(metrics[0])
+    assert 0.0 <= metrics[0]["critic/vf_clipfrac"] <= 1.0
+
+
+@pytest.mark.parametrize("dp_size,micro_batch_size", [(1, 1), (1, 2), (2, 1), (2, 3), (3, 2)])
+def test_loss_is_invariant_to_micro_batch_split_and_dp_size(advantage_batch, dp_size, micro_batch_size):
+    losses, _ = U.critic_losses_through_verl(advantage_batch, boundary_loss_fn(), dp_size=dp_size,
+                                            mini_batch_size=6, micro_batch_size=micro_batch_size)
+    assert losses[0] == pytest.approx(reference_boundary_loss(advantage_batch), rel=1e-6)
+
+
+def test_mini_batches_sum_to_the_full_batch_loss_times_their_token_share(advantage_batch):
+    # With two mini-batches each is normalised by its own token count (verl's token-mean), so
+    # sum_k loss_k * tokens_k / tokens equals the full-batch loss: the weights keep the estimator unbiased.
+    import transfer_queue as tq
+
+    losses, _ = U.critic_losses_through_verl(advantage_batch, boundary_loss_fn(), dp_size=1,
+                                            mini_batch_size=3, micro_batch_size=1)
+    mask = tq.kv_batch_get(keys=advantage_batch.keys, partition_id=advantage_batch.partition_id,
+                           select_fields=["loss_mask"])["loss_mask"]
+    tokens = [int(mask[i].sum()) for i in range(len(advantage_batch))]
+    shares = [sum(tokens[:3]) / sum(tokens), sum(tokens[3:]) / sum(tokens)]
+    combined = sum(loss * share for loss, share in zip(losses, shares))
+    assert combined == pytest.approx(reference_boundary_loss(advantage_batch), rel=1e-6)
+
+
+def _micro_batch(weights: list[list[float]], returns: list[list[float]], with_globals: bool = True) -> TensorDict:
+    """A hand-made critic micro-batch in verl's nested layout: response i has len(weights[i]) tokens, all
+    valid, values 0, and a prompt of i + 2 tokens (lengths differ, so TensorDict keeps them nested)."""
+    rows = []
+    for i, (w, r) in enumerate(zip(weights, returns)):
+        n = len(w)
+        rows.append({"prompts": torch.ones(i + 2, dtype=torch.int64), "responses": torch.ones(n, dtype=torch.int64),
+                     "values": torch.zeros(n), "returns": torch.tensor(r), "response_mask": torch.ones(n, dtype=torch.int64),
+                     CRITIC_WEIGHTS_KEY: torch.tensor(w)})
+    data = tu.list_of_dict_to_tensordict(rows)
+    if with_globals:
+        tu.assign_non_tensor(data, dp_size=1, batch_num_tokens=7, global_batch_size=2)
+    return data
+
+
+def _vpreds(*lengths: int, leaf: torch.Tensor | None = None) -> torch.Tensor:
+    """Critic outputs over prompt + response for each row in verl's no-padding layout (zeros, or ``leaf``)."""
+    flat = torch.zeros(sum(lengths)) if leaf is None else leaf
+    offsets = torch.tensor([0, *lengths]).cumsum(0)
+    return torch.nested.nested_tensor_from_jagged(flat, offsets=offsets)
+
+
+def test_micro_batch_without_boundaries_gives_zero_not_nan():
+    nan, inf = float("nan"), float("inf")
+    data = _micro_batch([[0.0] * 4, [0.0] * 3], [[nan, 1.0, inf, 0.0], [2.0, nan, 0.0]])
+    leaf = torch.zeros(2 + 4 + 3 + 3, requires_grad=True)
+    loss, metrics = boundary_value_loss(BoundaryLossConfig(CLIP), {"values": _vpreds(6, 6, leaf=leaf)}, data)
+    assert loss.item() == 0.0 and metrics["critic/vf_clipfrac"] == 0.0
+    assert metrics["critic/vpred_mean"] == 0.0
+    loss.backward()
+    assert torch.equal(leaf.grad, torch.zeros_like(leaf))
+
+
+def test_weights_scale_the_loss_and_it_needs_no_global_counts():
+    data = _micro_batch([[2.0, 0.0, 0.0, 0.0], [0.0, 0.0, 2.0]], [[1.0, 5.0, 5.0, 5.0], [5.0, 5.0, 3.0]],
+                        with_globals=False)
+    loss, _ = boundary_value_loss(BoundaryLossConfig(cliprange_value=10.0), {"values": _vpreds(6, 6)}, data)
+    # 0.5 * (2 * 1^2 + 2 * 3^2) / 7 valid tokens (the local count, when verl gives no global one)
+    assert loss.item() == pytest.approx(0.5 * (2 * 1 + 2 * 9) / 7)
+
+
+def test_unsupported_loss_agg_mode_is_a_clear_error():
+    config = CriticConfig(strategy="fsdp", loss_agg_mode="seq-mean-token-mean", ppo_micro_batch_size_per_gpu=1)
+    with pytest.raises(ValueError, match=r"critic\.loss_agg_mode='seq-mean-token-mean'"):
+        make_critic_loss_fn(config, "boundaries")
+    with pytest.raises(ValueError, match=r"critic\.loss_agg_mode"):
+        boundary_value_loss(BoundaryLossConfig(CLIP, "token-sum"), {}, TensorDict({}, batch_size=[0]))
+    assert make_critic_loss_fn(config, "all_tokens").func is value_loss  # verl's loss handles every mode
+
+
+def test_all_tokens_is_verls_value_loss(advantage_batch):
+    config = CriticConfig(strategy="fsdp", cliprange_value=CLIP, ppo_micro_batch_size_per_gpu=1)
+    ours, _ = U.critic_losses_through_verl(advantage_batch, make_critic_loss_fn(config, "all_tokens"), dp_size=2,
+                                          mini_batch_size=6, micro_batch_size=1)
+    verls, _ = U.critic_losses_through_verl(advantage_batch, partial(value_loss, config=config), dp_size=2,
+                                           mini_batch_size=6, micro_batch_size=1)
+    assert ours == verls
+    assert ours[0] != pytest.approx(reference_boundary_loss(advantage_batch))
+
+
+def test_missing_weights_field_is_a_clear_error():
+    data = _micro_batch([[0.0] * 4, [0.0] * 3], [[0.0] * 4, [0.0] * 3])
+    del data[CRITIC_WEIGHTS_KEY]
+    with pytest.raises(KeyError, match=CRITIC_WEIGHTS_KEY):
+        boundary_value_loss(BoundaryLossConfig(CLIP), {"values": None}, data)
