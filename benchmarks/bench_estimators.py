@@ -1,7 +1,7 @@
 """Time verl's GAE, verl's GRPO and GROUP-PPO on the same inputs, in the same run.
 
-    .venv/bin/python benchmarks/bench_estimators.py                 # CPU, (256, 1024) and (1024, 4096)
-    .venv/bin/python benchmarks/bench_estimators.py --device cuda   # on a GPU
+    .venv/bin/python benchmarks/bench_estimators.py                 # CPU, and CUDA too when available
+    .venv/bin/python benchmarks/bench_estimators.py --device cpu    # CPU only
     .venv/bin/python benchmarks/bench_estimators.py --shapes 64x512 --repeats 3
 
 Estimators run round-robin inside every repeat, so machine noise hits them alike; the table gives the
@@ -131,7 +131,7 @@ def measure_memory(name: str, batch: int, length: int, device: str) -> int | Non
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shapes", default="256x1024,1024x4096", help="comma-separated BxT shapes")
-    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--device", default="auto", help="cpu, cuda, or auto (cpu, then cuda when available)")
     p.add_argument("--repeats", type=int, default=5, help="timed calls per estimator and shape")
     p.add_argument("--estimators", default=",".join(ESTIMATORS), help=f"subset of {','.join(ESTIMATORS)}")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
@@ -146,39 +146,53 @@ def main(argv: list[str] | None = None) -> int:
         b, t = (int(v) for v in shape.split("x"))
         print(peak_extra_bytes(name, b, t, args.device))
         return 0
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
+    if args.device == "auto":
+        devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    elif args.device.startswith("cuda") and not torch.cuda.is_available():
         p.error("--device cuda asked for, but torch.cuda.is_available() is False")
+    else:
+        devices = [args.device]
     names = [n.strip() for n in args.estimators.split(",") if n.strip()]
     for n in names:
         if n not in ESTIMATORS:
             p.error(f"--estimators: unknown estimator {n!r}; choose from {ESTIMATORS}")
 
-    print(f"device={args.device} torch={torch.__version__} threads={torch.get_num_threads()} "
+    print(f"devices={devices} torch={torch.__version__} threads={torch.get_num_threads()} "
           f"cpus={os.cpu_count()} repeats={args.repeats}")
     results = []
-    for shape in args.shapes.split(","):
-        b, t = (int(v) for v in shape.strip().split("x"))
-        times = time_estimators(b, t, args.device, args.repeats, names)
-        unit = b * t * 4  # bytes of one fp32 (B, T) tensor
-        for n in names:
-            mem = None if args.no_memory else measure_memory(n, b, t, args.device)
-            results.append({"B": b, "T": t, "estimator": n, "wall_s": times[n]["wall"], "cpu_s": times[n]["cpu"],
-                            "ratio_to_gae": times[n]["wall"] / times["gae"]["wall"] if "gae" in times else None,
-                            "peak_extra_bytes": mem, "peak_extra_in_BxTx4": None if mem is None else mem / unit})
+    for device in devices:
+        for shape in args.shapes.split(","):
+            b, t = (int(v) for v in shape.strip().split("x"))
+            results += _measure_shape(b, t, device, args, names)
 
-    header = f"{'B':>5} {'T':>5}  {'estimator':<18} {'median s':>9} {'cpu s':>8} {'/ GAE':>7} {'extra MiB':>10} {'x BxTx4':>8}"
+    header = (f"{'device':<6} {'B':>5} {'T':>5}  {'estimator':<18} {'median s':>9} {'cpu s':>8} {'/ GAE':>7} "
+              f"{'extra MiB':>10} {'x BxTx4':>8}")
     print(header)
     print("-" * len(header))
     for r in results:
         ratio = "" if r["ratio_to_gae"] is None else f"{r['ratio_to_gae']:.3f}"
         mem = "" if r["peak_extra_bytes"] is None else f"{r['peak_extra_bytes'] / 2**20:.1f}"
         units = "" if r["peak_extra_in_BxTx4"] is None else f"{r['peak_extra_in_BxTx4']:.2f}"
-        print(f"{r['B']:>5} {r['T']:>5}  {r['estimator']:<18} {r['wall_s']:>9.4f} {r['cpu_s']:>8.4f} {ratio:>7} "
-              f"{mem:>10} {units:>8}")
+        print(f"{r['device']:<6} {r['B']:>5} {r['T']:>5}  {r['estimator']:<18} {r['wall_s']:>9.4f} {r['cpu_s']:>8.4f} "
+              f"{ratio:>7} {mem:>10} {units:>8}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
     return 0
+
+
+def _measure_shape(b: int, t: int, device: str, args: argparse.Namespace, names: list[str]) -> list[dict]:
+    """Timings (round-robin) and peak memory (subprocesses) of every estimator at one shape."""
+    times = time_estimators(b, t, device, args.repeats, names)
+    unit = b * t * 4  # bytes of one fp32 (B, T) tensor
+    rows = []
+    for n in names:
+        mem = None if args.no_memory else measure_memory(n, b, t, device)
+        rows.append({"device": device, "B": b, "T": t, "estimator": n, "wall_s": times[n]["wall"],
+                     "cpu_s": times[n]["cpu"],
+                     "ratio_to_gae": times[n]["wall"] / times["gae"]["wall"] if "gae" in times else None,
+                     "peak_extra_bytes": mem, "peak_extra_in_BxTx4": None if mem is None else mem / unit})
+    return rows
 
 
 if __name__ == "__main__":

@@ -309,6 +309,21 @@ def test_inputs_are_not_mutated_and_no_graph_is_built():
     assert torch.equal(one_row, one_row_copy)
 
 
+@pytest.mark.parametrize("rule", ["variance", "fixed", "low_prob"])
+def test_torch_loop_backend_equals_numpy_backend(monkeypatch, rule):
+    """The per-step loops run on numpy views on CPU and with torch ops elsewhere (CUDA): same results."""
+    import verl_group_ppo.core_algos as core
+
+    rewards, mask, values, olp, index = make_batch(47, 9, 33, "holes", junk=True, empty_rows=True)
+    cfg = config(0.97, 0.9, group_max_size=5, boundary_rule=rule, adv_norm="prompt")
+    with_numpy = compute_group_ppo_outputs(rewards, mask, values, index, cfg, old_log_probs=olp, threshold=0.7)
+    monkeypatch.setattr(core, "_array_backend", lambda *tensors: (torch, tensors))
+    with_torch = compute_group_ppo_outputs(rewards, mask, values, index, cfg, old_log_probs=olp, threshold=0.7)
+    for name in ("advantages", "returns", "group_ids", "endpoint_mask", "critic_mask", "critic_loss_weights"):
+        assert torch.equal(getattr(with_torch, name), getattr(with_numpy, name)), name
+    assert with_torch.metrics == with_numpy.metrics
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_matches_cpu():
     rewards, mask, values, olp, index = make_batch(37, 8, 64, "holes", junk=True)

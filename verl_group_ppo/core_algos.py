@@ -406,7 +406,7 @@ def _td_residuals(batch: _Batch, gamma: float) -> torch.Tensor:
         delta.mul_(gamma)
     # (r + gamma * V_next) - V, in the order of verl's GAE and the reference; junk at masked positions -> 0.
     delta.add_(batch.rewards_tm).sub_(values).masked_fill_(batch.invalid_tm, 0.0)
-    if not math.isfinite(float(torch.dot(delta.reshape(-1), delta.reshape(-1)))):
+    if not math.isfinite(_sum_of_squares(delta)):
         _check_finite_at_valid(batch.rewards_tm.masked_fill(batch.invalid_tm, 0.0), "token_level_rewards")
         _check_finite_at_valid(values.masked_fill(batch.invalid_tm, 0.0), "values")
     return delta
@@ -430,7 +430,7 @@ def _group_ends(delta_tm: torch.Tensor, batch: _Batch, params: GroupParams, tau:
     inc = torch.empty((T, 2, B), dtype=delta_tm.dtype, device=delta_tm.device)
     if rule == "variance":
         torch.mul(delta_tm, delta_tm, out=inc[:, 0])
-        sigma2 = float(torch.dot(delta_tm.reshape(-1), delta_tm.reshape(-1))) / batch.n_valid
+        sigma2 = _sum_of_squares(delta_tm) / batch.n_valid
         limit = tau * (sigma2 + params.group_epsilon)
     else:
         inc[:, 0].zero_()
@@ -517,8 +517,8 @@ def _normalize_advantages_(x, invalid_tm, n_valid: int, groups: Optional[_Groups
             return
         mean = x.sum() / (n + 1e-8)
         x.sub_(mean).masked_fill_(invalid_tm, 0.0)
-        var = torch.dot(x.reshape(-1), x.reshape(-1)) / (n + 1e-8) * (n / (n - 1))
-        x.mul_(torch.rsqrt(var + 1e-8)).masked_fill_(invalid_tm, 0.0)
+        var = _sum_of_squares(x) / (n + 1e-8) * (n / (n - 1))
+        x.mul_(1.0 / math.sqrt(var + 1e-8)).masked_fill_(invalid_tm, 0.0)
         return
     # prompt: statistics over group advantages, one per group
     group_adv = groups.advantage
@@ -570,7 +570,7 @@ def _group_metrics(starts_tm: torch.Tensor, valid_tm: torch.Tensor, advantages: 
     }
     if n_valid:
         total = float(advantages.sum(dtype=torch.float64))
-        squares = float(torch.dot(advantages.reshape(-1), advantages.reshape(-1)).double())
+        squares = _sum_of_squares(advantages)
         mean = total / n_valid
         low, high = _min_max_at(advantages, valid_tm.t(), n_valid)
         metrics.update({"group/advantage_mean": mean, "group/advantage_std": max(squares / n_valid - mean**2, 0.0) ** 0.5,
@@ -665,6 +665,11 @@ def _check_threshold(value: Any, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or value < 0:
         raise ValueError(f"{name} (the variance threshold tau) must be a number >= 0, got {value!r}")
     return float(value)
+
+
+def _sum_of_squares(x: torch.Tensor) -> float:
+    """Sum of ``x**2`` as a Python float (``vector_norm``: fast at every size, unlike ``torch.dot`` on CPU)."""
+    return float(torch.linalg.vector_norm(x)) ** 2
 
 
 def _scalar(value: float, like: torch.Tensor) -> torch.Tensor:
