@@ -123,6 +123,16 @@ def test_broken_install_is_logged_and_stops_group_ppo_runs_with_the_cause():
     assert "ERROR" in proc.stderr and "verl_group_ppo.core_algos" in proc.stderr
 
 
+def test_stock_entry_point_rejects_bad_group_params_before_ray_starts():
+    proc = subprocess.run([PYTHON, "-m", "verl.trainer.main_ppo", "algorithm.adv_estimator=group_ppo",
+                           "++algorithm.group_params.group_max_size=0"],
+                          capture_output=True, text=True, cwd="/", timeout=300,
+                          env={k: v for k, v in os.environ.items() if k != "VERL_USE_EXTERNAL_PLUGINS"})
+    assert proc.returncode != 0
+    assert "ValueError: group_params.group_max_size must be an integer >= 1, got 0" in proc.stderr
+    assert "ray init kwargs" not in proc.stdout  # main_ppo prints this right before ray.init
+
+
 def test_a_ray_worker_sees_the_estimator_and_trainers(ray_tq):
     import ray
 
