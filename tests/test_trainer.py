@@ -77,6 +77,16 @@ def test_advantage_step_stores_exactly_the_core_outputs(ray_tq, overrides):
         assert "rollout_is_weights" in out.fields
 
 
+@pytest.mark.parametrize("mode", ["colocate_async", "separate_async"])
+def test_every_trainer_mode_runs_the_group_advantage_step(ray_tq, mode):
+    trainer = U.make_trainer(["algorithm.use_kl_in_reward=true"], mode=mode)
+    out = trainer._compute_advantage(U.put_samples(U.make_samples(seed=5)), {})
+    stored = U.get_padded(out, STORED)
+    expected = expected_outputs(trainer, out, threshold=1.0)
+    for name in STORED:
+        assert torch.equal(stored[name], getattr(expected, name)), name
+
+
 def test_threshold_adapts_per_batch_and_feeds_the_next_one(ray_tq):
     trainer = U.make_trainer(["++algorithm.group_params.threshold_lr=0.5"])
     params = read_algorithm_settings(trainer.config.algorithm).group
@@ -193,7 +203,7 @@ def attach_stand_ins(trainer, on_save=None):
     trainer.train_dataloader = StandInDataloader()
 
 
-@pytest.mark.parametrize("mode", ["sync", "colocate_async"])
+@pytest.mark.parametrize("mode", ["sync", "colocate_async", "separate_async"])
 def test_threshold_checkpoint_round_trip(tmp_path, mode, ray_tq):
     ckpt = str(tmp_path / "ckpt")
     trainer = U.make_trainer([f"trainer.default_local_dir={ckpt}"], mode=mode)

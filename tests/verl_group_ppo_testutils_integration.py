@@ -35,12 +35,23 @@ def compose_config(overrides: Optional[list[str]] = None, config_name: str = "pp
         return compose(config_name, overrides=overrides or [])
 
 
+MODE_OVERRIDES = {
+    "sync": [],
+    "colocate_async": [],
+    # what verl's separate_async constructor asserts: a standalone rollout pool, a non-naive weight sync
+    # and train_batch_size == parameter_sync_step (4) * ppo_mini_batch_size
+    "separate_async": ["actor_rollout_ref.rollout.nnodes=1", "actor_rollout_ref.rollout.n_gpus_per_node=1",
+                       "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl", "data.train_batch_size=256",
+                       "actor_rollout_ref.actor.ppo_mini_batch_size=64"],
+}
+
+
 def make_trainer(overrides: Optional[list[str]] = None, mode: str = "sync"):
     """The registered v1 trainer for ``mode`` built by its real ``__init__`` (no workers: ``_setup`` needs GPUs)."""
     from verl.trainer.ppo.v1 import get_trainer_cls
 
     config = compose_config(["algorithm.adv_estimator=group_ppo", f"trainer.v1.trainer_mode={mode}",
-                             *(overrides or [])])
+                             *MODE_OVERRIDES[mode], *(overrides or [])])
     return get_trainer_cls(mode)(config)
 
 
