@@ -310,3 +310,32 @@ def test_install_trainers_refuses_a_foreign_registry_entry():
         install_trainers(registry)
     assert registry["sync"] is TRAINER_CLASSES["sync"][1]  # the others are still installed
     assert registry["colocate_async"] is Foreign
+
+
+def test_post_import_hooks_run_once_after_the_module_and_leave_its_loader_alone(tmp_path, monkeypatch):
+    from verl_group_ppo import plugin
+
+    (tmp_path / "gp_hook_probe_a.py").write_text("VALUE = 1\n")
+    (tmp_path / "gp_hook_probe_b.py").write_text("raise_me = True\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    hooks = plugin._PostImportHooks()
+    seen = []
+    hooks.add("gp_hook_probe_a", lambda m: seen.append(("a", m.VALUE)))
+    hooks.add("gp_hook_probe_b", plugin._guarded("probe step", lambda m: 1 / 0))
+    assert hooks in sys.meta_path
+    try:
+        import gp_hook_probe_a  # noqa: F401
+        import gp_hook_probe_b  # noqa: F401 - a failing hook must not break the import
+
+        assert seen == [("a", 1)]
+        assert type(gp_hook_probe_a.__loader__).__name__ == "SourceFileLoader"
+        assert hooks not in sys.meta_path  # removed once every hook has fired
+        assert plugin.install_errors()[-1][0] == "probe step"
+        hooks.add("gp_hook_probe_a", lambda m: seen.append(("again", m.VALUE)))  # already imported: runs now
+        assert seen[-1] == ("again", 1)
+    finally:
+        plugin._install_errors[:] = [e for e in plugin._install_errors if e[0] != "probe step"]
+        for name in ("gp_hook_probe_a", "gp_hook_probe_b"):
+            sys.modules.pop(name, None)
+        if hooks in sys.meta_path:
+            sys.meta_path.remove(hooks)

@@ -128,7 +128,9 @@ class _PostImportHooks(importlib.abc.MetaPathFinder):
     def add(self, module_name: str, hook: Callable[[ModuleType], None]) -> None:
         """Run ``hook(module)`` now if the module is already imported, else right after it is."""
         module = sys.modules.get(module_name)
-        if module is not None and not getattr(module.__spec__, "_initializing", False):
+        if module is not None:
+            if getattr(module.__spec__, "_initializing", False):
+                raise RuntimeError(f"{module_name} is half-imported while the plugin loads; it cannot be hooked")
             hook(module)
             return
         self._pending.setdefault(module_name, []).append(hook)
