@@ -10,6 +10,12 @@ import os
 import sys
 
 import pytest
+from hypothesis import settings
+
+# CI runs the same hypothesis examples every time (reproducible); locally each run explores new ones.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI", "").lower() in ("1", "true"):
+    settings.load_profile("ci")
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 if _HERE not in sys.path:

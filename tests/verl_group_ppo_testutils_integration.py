@@ -15,7 +15,7 @@ from omegaconf import DictConfig
 
 import verl_group_ppo
 
-CONFIG_DIR = os.path.join(os.path.dirname(verl_group_ppo.__file__), "config")
+CONFIG_DIR = os.path.join(os.path.dirname(verl_group_ppo.__file__), "configs")
 FAKE_VPRED_KEY = "test_vpred"
 """Per-sequence (prompt + response) values standing in for the critic model's output."""
 
