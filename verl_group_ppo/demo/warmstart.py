@@ -1,0 +1,113 @@
+"""The shared supervised warm start: a short teacher-forced run on worked solutions, done once and cached.
+
+RL from a random tiny model would see almost no reward; a brief supervised phase on the task's worked
+solutions (running totals, then ``#answer``) gives a policy with a modest non-zero accuracy. It is trained
+once per (task, model size, steps, data) and reused by every estimator and seed, so all arms start from
+the very same weights.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import random
+import time
+
+import torch
+import torch.nn.functional as F
+
+from .model import Rollout, build_policy, left_pad, log_probs_and_entropy
+from .tasks import Problem, Task
+from .tokenizer import CharTokenizer
+
+
+def encode_prompt(tok: CharTokenizer, p: Problem) -> list[int]:
+    return [tok.bos_id] + tok.encode(p.prompt)
+
+
+def teacher_forced_batch(tok: CharTokenizer, problems: list[Problem], device, response_len: int,
+                         solutions: list[str] | None = None) -> Rollout:
+    prompt_ids, prompt_mask = left_pad([encode_prompt(tok, p) for p in problems], tok.pad_id, device)
+    B = len(problems)
+    responses = torch.full((B, response_len), tok.pad_id, dtype=torch.long)
+    mask = torch.zeros((B, response_len))
+    for i, p in enumerate(problems):
+        text = p.solution if solutions is None else solutions[i]
+        ids = (tok.encode(text) + [tok.eos_id])[:response_len]
+        responses[i, : len(ids)] = torch.tensor(ids)
+        mask[i, : len(ids)] = 1
+    return Rollout(prompt_ids, prompt_mask, responses.to(device), mask.to(device))
+
+
+def warmstart_key(task: Task, size: str, steps: int, batch_size: int, lr: float, seed: int, n_train: int,
+                  slip_prob: float) -> str:
+    blob = json.dumps([task.name, size, steps, batch_size, lr, seed, n_train, slip_prob, 2], sort_keys=True)
+    return hashlib.sha1(blob.encode()).hexdigest()[:12]
+
+
+def train_warmstart(task: Task, tok: CharTokenizer, train: list[Problem], size: str, steps: int,
+                    batch_size: int, lr: float, seed: int, response_len: int, device, progress=None,
+                    slip_prob: float = 0.0):
+    """Teacher-forced cross-entropy on response tokens (EOS included); cosine learning rate.
+
+    With ``slip_prob`` > 0 each intermediate step of a worked solution is replaced by a near miss with that
+    probability (the chain then continues from the wrong total): the warm-started policy is a noisy
+    reasoner that usually knows the right step but sometimes slips, and a single slip anywhere makes
+    the final answer wrong. RL has to find which token slipped from the outcome reward alone.
+    """
+    policy = build_policy(tok.vocab_size, size, seed, tok.pad_id, tok.eos_id).to(device)
+    policy.train()
+    opt = torch.optim.AdamW(policy.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.98))
+    rng = random.Random(seed)
+    warm = max(1, steps // 20)
+    losses = []
+    for step in range(steps):
+        scale = (step + 1) / warm if step < warm else 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, steps - warm)))
+        for g in opt.param_groups:
+            g["lr"] = lr * scale
+        chosen = rng.sample(train, batch_size)
+        sols = [task.noisy_solution(p, rng, slip_prob) for p in chosen]
+        batch = teacher_forced_batch(tok, chosen, device, response_len, sols)
+        logp, _ = log_probs_and_entropy(policy, batch)
+        loss = -(logp * batch.response_mask).sum() / batch.response_mask.sum()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
+        opt.step()
+        losses.append(float(loss.detach()))
+        if progress is not None:
+            progress.update(1)
+            if step % 20 == 0:
+                progress.set_postfix(loss=f"{loss.item():.3f}")
+    return policy, losses
+
+
+def load_or_train_warmstart(cache_dir: str, task: Task, tok: CharTokenizer, train: list[Problem], size: str,
+                            steps: int, batch_size: int, lr: float, seed: int, response_len: int, device,
+                            progress_factory=None, log=print, slip_prob: float = 0.0):
+    """Return (policy, info); trained weights are cached under ``cache_dir``."""
+    key = warmstart_key(task, size, steps, batch_size, lr, seed, len(train), slip_prob)
+    path = os.path.join(cache_dir, f"warmstart-{task.name}-{size}-{key}.pt")
+    policy = build_policy(tok.vocab_size, size, seed, tok.pad_id, tok.eos_id).to(device)
+    if os.path.exists(path):
+        blob = torch.load(path, map_location=device, weights_only=False)
+        if blob.get("tokenizer") == tok.to_str():
+            policy.load_state_dict(blob["state_dict"])
+            log(f"[warm start] loaded cached weights from {path}")
+            return policy, {**blob["info"], "cached": True, "path": path}
+        log(f"[warm start] cache {path} was built with another tokenizer; retraining")
+    os.makedirs(cache_dir, exist_ok=True)
+    t0 = time.time()
+    bar = progress_factory(total=steps, desc="warm start (SFT)") if progress_factory else None
+    policy, losses = train_warmstart(task, tok, train, size, steps, batch_size, lr, seed, response_len, device, bar,
+                                     slip_prob=slip_prob)
+    if bar is not None:
+        bar.close()
+    info = {"steps": steps, "batch_size": batch_size, "lr": lr, "slip_prob": slip_prob, "final_loss": losses[-1],
+            "seconds": time.time() - t0, "key": key}
+    tmp = path + ".tmp"
+    torch.save({"state_dict": policy.state_dict(), "tokenizer": tok.to_str(), "info": info}, tmp)
+    os.replace(tmp, path)
+    return policy, {**info, "cached": False, "path": path}
