@@ -39,15 +39,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--response-length", type=int, default=24, help="max response tokens")
     p.add_argument("--prompts-per-step", type=int, default=64)
     p.add_argument("--n-samples", type=int, default=4, help="responses per prompt")
-    p.add_argument("--actor-lr", type=float, default=1e-4)
+    p.add_argument("--mini-batch-size", type=int, default=256, help="actor mini-batch (responses per update)")
+    p.add_argument("--critic-mini-batch-size", type=int, default=64, help="critic mini-batch (gae and group_ppo)")
+    p.add_argument("--actor-lr", type=float, default=2e-4)
     p.add_argument("--critic-lr", type=float, default=1e-3)
     p.add_argument("--lam", type=float, default=1.0, help="algorithm.lam for gae and group_ppo (verl default 1.0)")
     p.add_argument("--gamma", type=float, default=1.0)
     p.add_argument("--group-param", action="append", default=[], metavar="KEY=VALUE",
                    help="override an algorithm.group_params key for the group_ppo arms (repeatable)")
     p.add_argument("--warmstart-steps", type=int, default=2000, help="supervised warm-start steps (cached)")
-    p.add_argument("--warmstart-slip-prob", type=float, default=0.0,
-                   help="probability that a warm-start solution step is replaced by a near miss")
+    p.add_argument("--warmstart-slip-prob", type=float, default=0.25,
+                   help="probability that a warm-start solution step is replaced by a near miss (a noisy reasoner "
+                        "that RL has to make reliable)")
     p.add_argument("--train-size", type=int, default=20000, help="problems in the training pool")
     p.add_argument("--eval-size", type=int, default=256, help="held-out prompts")
     p.add_argument("--eval-samples", type=int, default=2, help="sampled responses per held-out prompt")
@@ -174,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
 
     cfg = RunConfig(
         steps=steps, prompts_per_step=args.prompts_per_step, n_samples=args.n_samples,
-        response_len=args.response_length, actor_lr=args.actor_lr, critic_lr=args.critic_lr, gamma=args.gamma,
+        response_len=args.response_length, mini_batch_size=args.mini_batch_size,
+        critic_mini_batch_size=args.critic_mini_batch_size, actor_lr=args.actor_lr, critic_lr=args.critic_lr, gamma=args.gamma,
         lam=args.lam, eval_every=eval_every, eval_samples=args.eval_samples,
         group_params=_parse_group_params(args.group_param),
         record_groups_at=tuple(sorted({1, max(1, steps // 2), steps})),

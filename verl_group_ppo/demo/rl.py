@@ -41,11 +41,12 @@ class RunConfig:
     n_samples: int = 4
     response_len: int = 24
     temperature: float = 1.0
-    actor_lr: float = 1e-4
+    actor_lr: float = 2e-4
     critic_lr: float = 1e-3
     lr_warmup_steps: int = 10  # linear warm-up of both learning rates (fresh Adam moments are noisy)
     ppo_epochs: int = 1
-    mini_batch_size: int = 128
+    mini_batch_size: int = 256
+    critic_mini_batch_size: int = 64  # verl's critic.ppo_mini_batch_size (gae and group_ppo alike)
     clip_ratio: float = 0.2
     cliprange_value: float = 0.5
     grad_clip: float = 1.0
@@ -187,6 +188,7 @@ def run_one(estimator: str, seed: int, cfg: RunConfig, task: Task, tok: CharToke
     prompt_rng = np.random.default_rng(seed)
     gen = torch.Generator(device=device).manual_seed(10_000 + seed)
     shuffle_gen = torch.Generator().manual_seed(20_000 + seed)
+    critic_shuffle_gen = torch.Generator().manual_seed(40_000 + seed)
 
     curve: list[list[float]] = []
     history: list[dict] = []
@@ -235,13 +237,14 @@ def run_one(estimator: str, seed: int, cfg: RunConfig, task: Task, tok: CharToke
         B = mask.shape[0]
         mb = min(cfg.mini_batch_size, B)
         pg_losses, vf_losses, clipfracs, kls, ents, vf_clipfracs, grad_norms = [], [], [], [], [], [], []
-        for _ in range(cfg.ppo_epochs):
-            perm = torch.randperm(B, generator=shuffle_gen).to(mask.device)
-            for s in range(0, B, mb):
-                idx = perm[s:s + mb]
-                sub = rollout.select(idx)
-                sub_mask = mask[idx]
-                if critic is not None:
+        cmb = min(cfg.critic_mini_batch_size, B)
+        if critic is not None:  # critic update first, as verl's trainer does
+            for _ in range(cfg.ppo_epochs):
+                perm = torch.randperm(B, generator=critic_shuffle_gen).to(mask.device)
+                for s in range(0, B, cmb):
+                    idx = perm[s:s + cmb]
+                    sub = rollout.select(idx)
+                    sub_mask = mask[idx]
                     vpreds = critic_values(critic, sub)
                     if weights is mask:  # all tokens: verl's value loss unchanged
                         vf_loss, vf_clip = compute_value_loss(vpreds, ret[idx], values[idx], sub_mask,
@@ -258,6 +261,12 @@ def run_one(estimator: str, seed: int, cfg: RunConfig, task: Task, tok: CharToke
                     critic_opt.step()
                     vf_losses.append(float(vf_loss.detach()))
                     vf_clipfracs.append(float(vf_clip))
+        for _ in range(cfg.ppo_epochs):
+            perm = torch.randperm(B, generator=shuffle_gen).to(mask.device)
+            for s in range(0, B, mb):
+                idx = perm[s:s + mb]
+                sub = rollout.select(idx)
+                sub_mask = mask[idx]
                 logp, entropy = log_probs_and_entropy(policy, sub, with_entropy=True)
                 pg_loss, pg_metrics = policy_loss_fn(old_log_probs[idx], logp, adv[idx], sub_mask,
                                                      loss_agg_mode="token-mean", config=actor_loss_cfg)
