@@ -191,9 +191,16 @@ def plot_groups_png(path: str, samples: list[dict], max_rows: int = 9) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.patches import Rectangle
 
-    rows = []
-    for smp in samples[-1:]:
-        rows = [(smp, r) for r in smp["rows"][:max_rows]]
+    if not samples:
+        return
+
+    def groups_per_row(smp: dict) -> float:
+        rs = smp["rows"][:max_rows]
+        return sum(max(r["group_ids"] or [0]) for r in rs) / max(1, len(rs))
+
+    # the recorded step whose responses have the most groups: the one that shows endpoints best
+    smp = max(reversed(samples), key=groups_per_row)
+    rows = [(smp, r) for r in smp["rows"][:max_rows]]
     if not rows:
         return
     width = max(len(r["tokens"]) for _, r in rows) + 9
