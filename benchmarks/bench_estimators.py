@@ -7,7 +7,8 @@
 Estimators run round-robin inside every repeat, so machine noise hits them alike; the table gives the
 median wall time per call, the median process CPU time, the ratio to verl's GAE, and the peak memory a
 call needs beyond its inputs and outputs (measured in a fresh subprocess per estimator: on CPU the
-kernel's resident-set high-water mark, reset right before the call; on CUDA torch's peak allocation).
+kernel's resident-set high-water mark, reset right before the call, with glibc's mmap threshold fixed so
+every large buffer shows; on CUDA torch's peak allocation).
 Inputs: fp32 rewards (a 0/1 outcome at each response's last token), values ~ N(0, 1), response
 lengths uniform in [T/4, T], 8 responses per prompt.
 """
@@ -106,7 +107,10 @@ def peak_extra_bytes(name: str, batch: int, length: int, device: str) -> int:
     else:
         import gc
 
+        import ctypes
+
         gc.collect()
+        ctypes.CDLL("libc.so.6").malloc_trim(0)  # give freed warm-up memory back, so reuse cannot hide
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")  # reset the resident-set high-water mark (VmHWM)
         base = _rss_kib("VmRSS")
@@ -120,8 +124,11 @@ def peak_extra_bytes(name: str, batch: int, length: int, device: str) -> int:
 
 def measure_memory(name: str, batch: int, length: int, device: str) -> int | None:
     cmd = [sys.executable, __file__, "--_memory-child", name, f"{batch}x{length}", "--device", device]
+    # A fixed mmap threshold: every large buffer is mapped on allocation and unmapped on free, so the
+    # resident-set high-water mark counts each one (glibc's adaptive threshold would recycle them unseen).
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
     try:
-        res = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=900)
+        res = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=900, env=env)
         return int(res.stdout.strip().splitlines()[-1])
     except (subprocess.SubprocessError, ValueError, IndexError) as err:
         print(f"  memory measurement for {name} failed: {err}", file=sys.stderr)
