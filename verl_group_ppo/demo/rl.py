@@ -239,46 +239,40 @@ def run_one(estimator: str, seed: int, cfg: RunConfig, task: Task, tok: CharToke
         pg_losses, vf_losses, clipfracs, kls, ents, vf_clipfracs, grad_norms = [], [], [], [], [], [], []
         cmb = min(cfg.critic_mini_batch_size, B)
         if critic is not None:  # critic update first, as verl's trainer does
-            for _ in range(cfg.ppo_epochs):
-                perm = torch.randperm(B, generator=critic_shuffle_gen).to(mask.device)
-                for s in range(0, B, cmb):
-                    idx = perm[s:s + cmb]
-                    sub = rollout.select(idx)
-                    sub_mask = mask[idx]
-                    vpreds = critic_values(critic, sub)
-                    if weights is mask:  # all tokens: verl's value loss unchanged
-                        vf_loss, vf_clip = compute_value_loss(vpreds, ret[idx], values[idx], sub_mask,
-                                                              cliprange_value=cfg.cliprange_value,
-                                                              loss_agg_mode="token-mean")
-                    else:  # boundaries: per-token weights N_valid/N_boundary, token-mean over response tokens
-                        vf_loss, vf_clip = compute_value_loss(vpreds, ret[idx], values[idx], weights[idx],
-                                                              cliprange_value=cfg.cliprange_value,
-                                                              loss_agg_mode="token-mean",
-                                                              batch_num_tokens=sub_mask.sum())
-                    critic_opt.zero_grad(set_to_none=True)
-                    vf_loss.backward()
-                    torch.nn.utils.clip_grad_norm_(critic.parameters(), cfg.grad_clip)
-                    critic_opt.step()
-                    vf_losses.append(float(vf_loss.detach()))
-                    vf_clipfracs.append(float(vf_clip))
-        for _ in range(cfg.ppo_epochs):
-            perm = torch.randperm(B, generator=shuffle_gen).to(mask.device)
-            for s in range(0, B, mb):
-                idx = perm[s:s + mb]
+            for idx in _minibatches(B, cmb, cfg.ppo_epochs, critic_shuffle_gen, mask.device):
                 sub = rollout.select(idx)
                 sub_mask = mask[idx]
-                logp, entropy = log_probs_and_entropy(policy, sub, with_entropy=True)
-                pg_loss, pg_metrics = policy_loss_fn(old_log_probs[idx], logp, adv[idx], sub_mask,
-                                                     loss_agg_mode="token-mean", config=actor_loss_cfg)
-                actor_opt.zero_grad(set_to_none=True)
-                pg_loss.backward()
-                gn = torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip)
-                actor_opt.step()
-                pg_losses.append(float(pg_loss.detach()))
-                clipfracs.append(pg_metrics["actor/pg_clipfrac"])
-                kls.append(pg_metrics["actor/ppo_kl"])
-                ents.append(float((entropy.detach() * sub_mask).sum() / sub_mask.sum().clamp(min=1)))
-                grad_norms.append(float(gn))
+                vpreds = critic_values(critic, sub)
+                if weights is mask:  # all tokens: verl's value loss unchanged
+                    vf_loss, vf_clip = compute_value_loss(vpreds, ret[idx], values[idx], sub_mask,
+                                                          cliprange_value=cfg.cliprange_value,
+                                                          loss_agg_mode="token-mean")
+                else:  # boundaries: per-token weights N_valid/N_boundary, token-mean over response tokens
+                    vf_loss, vf_clip = compute_value_loss(vpreds, ret[idx], values[idx], weights[idx],
+                                                          cliprange_value=cfg.cliprange_value,
+                                                          loss_agg_mode="token-mean",
+                                                          batch_num_tokens=sub_mask.sum())
+                critic_opt.zero_grad(set_to_none=True)
+                vf_loss.backward()
+                torch.nn.utils.clip_grad_norm_(critic.parameters(), cfg.grad_clip)
+                critic_opt.step()
+                vf_losses.append(float(vf_loss.detach()))
+                vf_clipfracs.append(float(vf_clip))
+        for idx in _minibatches(B, mb, cfg.ppo_epochs, shuffle_gen, mask.device):
+            sub = rollout.select(idx)
+            sub_mask = mask[idx]
+            logp, entropy = log_probs_and_entropy(policy, sub, with_entropy=True)
+            pg_loss, pg_metrics = policy_loss_fn(old_log_probs[idx], logp, adv[idx], sub_mask,
+                                                 loss_agg_mode="token-mean", config=actor_loss_cfg)
+            actor_opt.zero_grad(set_to_none=True)
+            pg_loss.backward()
+            gn = torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip)
+            actor_opt.step()
+            pg_losses.append(float(pg_loss.detach()))
+            clipfracs.append(pg_metrics["actor/pg_clipfrac"])
+            kls.append(pg_metrics["actor/ppo_kl"])
+            ents.append(float((entropy.detach() * sub_mask).sum() / sub_mask.sum().clamp(min=1)))
+            grad_norms.append(float(gn))
 
         rec: dict[str, Any] = {
             "estimator": estimator,
@@ -330,6 +324,14 @@ def run_one(estimator: str, seed: int, cfg: RunConfig, task: Task, tok: CharToke
         "group_samples": group_samples,
         "config": asdict(cfg),
     }
+
+
+def _minibatches(n: int, size: int, epochs: int, generator: torch.Generator, device):
+    """Index tensors of shuffled mini-batches: ``epochs`` passes over ``range(n)``, a fresh order each."""
+    for _ in range(epochs):
+        perm = torch.randperm(n, generator=generator).to(device)
+        for start in range(0, n, size):
+            yield perm[start:start + size]
 
 
 def _size_of(init_state: dict) -> str:
