@@ -5,7 +5,6 @@ from __future__ import annotations
 import html
 import json
 import math
-import os
 from typing import Any
 
 import numpy as np

@@ -16,7 +16,6 @@ import random
 import time
 
 import torch
-import torch.nn.functional as F
 
 from .model import Rollout, build_policy, left_pad, log_probs_and_entropy
 from .tasks import Problem, Task
