@@ -175,7 +175,7 @@ def write_groups_html(path: str, samples: list[dict], title: str = "GROUP-PPO gr
                 cls = "adv " + ("pos" if a > 0 else "neg") + (" ep" if last else "")
                 parts.append(f"<td class='{cls}'>{a:+.2f}</td>" if first else f"<td class='adv{' ep' if last else ''}'></td>")
             parts.append("</tr><tr>")
-            for i, v in enumerate(row["values"]):
+            for v in row["values"]:
                 parts.append(f"<td class='adv'>{v:.2f}</td>")
             parts.append("</tr></table>")
     parts.append("</body></html>")
@@ -204,7 +204,7 @@ def plot_groups_png(path: str, samples: list[dict], max_rows: int = 9) -> None:
         return
     width = max(len(r["tokens"]) for _, r in rows) + 9
     fig, ax = plt.subplots(figsize=(0.42 * width, 0.75 * len(rows) + 1.0))
-    for y, (smp, row) in enumerate(rows):
+    for y, (_, row) in enumerate(rows):
         yy = len(rows) - 1 - y
         ax.text(0, yy + 0.35, f"{row['prompt']}", fontsize=9, family="monospace", va="center")
         ax.text(0, yy + 0.0, f"r={row['reward']:.0f}", fontsize=8, va="center",
