@@ -46,15 +46,18 @@ def estimator_fn(name: str, x: dict) -> Callable[[], object]:
     """A zero-argument call of one estimator on the inputs ``x``."""
     from verl.trainer.ppo.core_algos import compute_gae_advantage_return, compute_grpo_outcome_advantage
 
+    from verl_group_ppo.config import read_algorithm_settings
     from verl_group_ppo.core_algos import compute_group_advantage, compute_group_ppo_outputs
 
     config = {"gamma": 1.0, "lam": 0.95, "group_params": {"adaptive_threshold": False}}
+    settings = read_algorithm_settings(config)
     calls = {
         "gae": lambda: compute_gae_advantage_return(x["rewards"], x["values"], x["mask"], 1.0, 0.95),
         "grpo": lambda: compute_grpo_outcome_advantage(x["rewards"], x["mask"], x["index"]),
-        "group_ppo": lambda: compute_group_advantage(x["rewards"], x["mask"], x["values"], x["index"], config),
-        "group_ppo_outputs": lambda: compute_group_ppo_outputs(x["rewards"], x["mask"], x["values"], x["index"],
-                                                               config),
+        "group_ppo": lambda: compute_group_advantage(x["rewards"], x["mask"], values=x["values"], index=x["index"],
+                                                     config=config),
+        "group_ppo_outputs": lambda: compute_group_ppo_outputs(x["rewards"], x["mask"], values=x["values"],
+                                                               index=x["index"], settings=settings),
     }
     return calls[name]
 

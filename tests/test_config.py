@@ -8,7 +8,7 @@ import math
 import pytest
 from omegaconf import OmegaConf
 
-from verl_group_ppo.config import GroupParams, read_algorithm_settings
+from verl_group_ppo.config import GroupParams, read_algorithm_settings, select
 
 SPEC_DEFAULTS = {
     "group_variance_threshold": 1.0, "group_max_size": 16, "group_epsilon": 1e-6, "adaptive_threshold": True,
@@ -16,11 +16,13 @@ SPEC_DEFAULTS = {
     "low_prob_threshold": 0.9, "adv_norm": "batch", "target_explained_variance": 0.5,
     "critic_loss_on": "boundaries",
 }
+V2_DEFAULTS = {"policy_lam": None, "critic_lam": None, "adaptive_target": "explained_variance",
+               "target_group_size": 8.0}
 
 
 def test_defaults_are_the_spec_defaults_and_every_key_has_help():
-    assert GroupParams().to_dict() == SPEC_DEFAULTS
-    assert set(GroupParams.help()) == set(SPEC_DEFAULTS) and all(GroupParams.help().values())
+    assert GroupParams().to_dict() == {**SPEC_DEFAULTS, **V2_DEFAULTS}
+    assert set(GroupParams.help()) == set(SPEC_DEFAULTS) | set(V2_DEFAULTS) and all(GroupParams.help().values())
 
 
 def test_from_none_dict_and_omegaconf():
@@ -44,11 +46,37 @@ def test_values_as_yaml_and_command_lines_give_them():
     ("group_variance_threshold", "lots"), ("group_epsilon", 0.0), ("threshold_lr", -1.0), ("min_threshold", -1.0),
     ("max_threshold", -1.0), ("low_prob_threshold", 1.5), ("target_explained_variance", 2.0),
     ("adaptive_threshold", "maybe"), ("boundary_rule", "entropy"), ("adv_norm", "group"),
-    ("critic_loss_on", "everywhere"), ("groupmax_size", 4),
+    ("critic_loss_on", "everywhere"), ("groupmax_size", 4), ("policy_lam", 1.5), ("critic_lam", -0.1),
+    ("critic_lam", "high"), ("adaptive_target", "reward"), ("target_group_size", 0.0),
+    ("target_group_size", float("inf")),
 ])
 def test_bad_value_names_the_key(key, value):
     with pytest.raises(ValueError, match=key):
         GroupParams.from_config({key: value})
+
+
+@pytest.mark.parametrize("key, value", [("group_max_size", 0), ("critic_lam", 2.0), ("adv_norm", "x")])
+def test_errors_name_the_full_config_path(key, value):
+    with pytest.raises(ValueError, match=rf"algorithm\.group_params\.{key}"):
+        GroupParams.from_config({key: value})
+    with pytest.raises(ValueError, match=r"algorithm\.lam"):
+        read_algorithm_settings({"lam": 1.5})
+
+
+def test_decoupled_lambdas_resolve_to_algorithm_lam_when_null():
+    s = read_algorithm_settings({"lam": 0.95, "group_params": {"critic_lam": "null"}})
+    assert (s.policy_lam, s.critic_lam) == (0.95, 0.95)
+    s = read_algorithm_settings({"lam": 0.95, "group_params": {"policy_lam": 0.9, "critic_lam": 1}})
+    assert (s.policy_lam, s.critic_lam) == (0.9, 1.0) and isinstance(s.group.critic_lam, float)
+
+
+def test_select_reads_dotted_keys_from_every_config_kind():
+    from verl.trainer.config import AlgoConfig
+
+    node = OmegaConf.create({"algorithm": {"lam": 0.5}, "critic": {"enable": None}})
+    assert select(node, "algorithm.lam") == 0.5 and select({"a": {"b": 2}}, "a.b") == 2
+    assert select(node, "critic.enable", "dflt") == "dflt" and select(node, "x.y.z") is None
+    assert select({"algorithm": AlgoConfig(gamma=0.9)}, "algorithm.gamma") == 0.9
 
 
 def test_threshold_range_checks():

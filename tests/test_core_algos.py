@@ -13,14 +13,14 @@ from omegaconf import OmegaConf
 from verl.trainer.ppo.core_algos import compute_gae_advantage_return, compute_grpo_outcome_advantage
 from verl_group_ppo_testutils_reference import reference_group_ppo
 
-from verl_group_ppo.config import GroupParams
+from verl_group_ppo.config import GroupParams, read_algorithm_settings
 from verl_group_ppo.core_algos import (
-    ThresholdState,
-    boundary_explained_variance,
+    AdaptiveThreshold,
     compute_group_advantage,
     compute_group_ppo_outputs,
     create_critic_endpoint_mask,
     endpoints_to_group_ids,
+    explained_variance,
     find_group_endpoints,
     update_threshold,
 )
@@ -67,6 +67,11 @@ def config(gamma=1.0, lam=1.0, norm_by_std=True, **group):
     return {"gamma": gamma, "lam": lam, "norm_adv_by_std_in_grpo": norm_by_std, "group_params": group}
 
 
+def algo_settings(*args, **kwargs):
+    """Typed settings for compute_group_ppo_outputs, from the same arguments as :func:`config`."""
+    return read_algorithm_settings(config(*args, **kwargs))
+
+
 def assert_close(a, b, tol=1e-9):
     torch.testing.assert_close(a.to(F64), b.to(F64), rtol=tol, atol=tol, equal_nan=False)
 
@@ -88,6 +93,7 @@ def cases(draw):
         n_prompts=draw(st.integers(1, 3)),
         gamma=draw(st.one_of(st.sampled_from([0.0, 0.5, 0.99, 1.0]), st.floats(0.0, 1.0))),
         lam=draw(st.one_of(st.sampled_from([0.0, 0.95, 1.0]), st.floats(0.0, 1.0))),
+        critic_lam=draw(st.one_of(st.none(), st.sampled_from([0.0, 0.9, 1.0]), st.floats(0.0, 1.0))),
         threshold=draw(st.one_of(st.sampled_from([0.0, 0.3, 1.0, 4.0, math.inf]), st.floats(0.0, 50.0))),
         group_max_size=draw(st.integers(1, T + 2)),
         boundary_rule=draw(st.sampled_from(["variance", "fixed", "low_prob"])),
@@ -104,14 +110,15 @@ def test_fast_equals_loop_reference(case):
                                                    case["dense"], True, case["empty_rows"], case["n_prompts"])
     cfg = config(case["gamma"], case["lam"], case["norm_by_std"], group_max_size=case["group_max_size"],
                  boundary_rule=case["boundary_rule"], adv_norm=case["adv_norm"],
-                 low_prob_threshold=case["low_prob_threshold"])
-    out = compute_group_ppo_outputs(rewards, mask, values, index=index, config=cfg, old_log_probs=olp,
+                 low_prob_threshold=case["low_prob_threshold"], critic_lam=case["critic_lam"])
+    out = compute_group_ppo_outputs(rewards, mask, values=values, index=index, settings=read_algorithm_settings(cfg),
+                                    old_log_probs=olp,
                                     threshold=case["threshold"])
     ref = reference_group_ppo(rewards, mask, values, gamma=case["gamma"], lam=case["lam"],
                               threshold=case["threshold"], group_max_size=case["group_max_size"],
                               boundary_rule=case["boundary_rule"], adv_norm=case["adv_norm"],
                               norm_by_std=case["norm_by_std"], low_prob_threshold=case["low_prob_threshold"],
-                              old_log_probs=olp, index=index)
+                              old_log_probs=olp, index=index, critic_lam=case["critic_lam"])
     assert torch.equal(out.endpoint_mask, ref.endpoints)
     assert torch.equal(out.group_ids, ref.group_ids)
     assert torch.equal(out.critic_mask, ref.critic_mask)
@@ -125,7 +132,7 @@ def test_fast_equals_loop_reference(case):
     else:
         assert out.boundary_explained_variance == pytest.approx(ref.explained_variance, abs=1e-9)
     # the plain estimator gives the same advantages and returns
-    adv, ret = compute_group_advantage(rewards, mask, values, index=index, config=cfg, old_log_probs=olp,
+    adv, ret = compute_group_advantage(rewards, mask, values=values, index=index, config=cfg, old_log_probs=olp,
                                        threshold=case["threshold"])
     assert torch.equal(adv, out.advantages) and torch.equal(ret, out.returns)
 
@@ -139,7 +146,8 @@ def test_fast_equals_loop_reference(case):
 def test_groups_partition_valid_tokens_into_contiguous_capped_runs(mask_kind, rule):  # properties 1, 2, 3, 6
     rewards, mask, values, olp, index = make_batch(3, 8, 40, mask_kind, empty_rows=True)
     gmax = 5
-    out = compute_group_ppo_outputs(rewards, mask, values, index, config(group_max_size=gmax, boundary_rule=rule),
+    out = compute_group_ppo_outputs(rewards, mask, values=values, index=index,
+                                    settings=algo_settings(group_max_size=gmax, boundary_rule=rule),
                                     old_log_probs=olp, threshold=2.0)
     valid = mask.bool()
     assert torch.all(out.group_ids[~valid] == 0) and torch.all(out.group_ids[valid] > 0)
@@ -168,7 +176,7 @@ def test_token_limit_equals_verl_gae(mask_kind, how):  # property 4
     verl_adv, verl_ret = compute_gae_advantage_return(rewards, values, mask, gamma=0.97, lam=0.9)
     valid = mask.bool()
     for adv_norm in ("batch", "none"):
-        adv, ret = compute_group_advantage(rewards, mask, values, index, threshold=limit["threshold"],
+        adv, ret = compute_group_advantage(rewards, mask, values=values, index=index, threshold=limit["threshold"],
                                            config=config(0.97, 0.9, group_max_size=limit["gmax"], adv_norm=adv_norm))
         assert (ret[valid] - verl_ret[valid]).abs().max() <= 1e-9
         expected = verl_adv if adv_norm == "batch" else verl_ret - values
@@ -186,13 +194,13 @@ def test_one_group_limit_is_sequence_advantage_and_verl_grpo(norm_by_std):  # pr
         values[b, 0] = values[b % (B // n), 0]
     one_group = dict(threshold=math.inf)
     gmax = T
-    adv, _ = compute_group_advantage(rewards, mask, values, index, config=config(0.9, 0.7, group_max_size=gmax,
+    adv, _ = compute_group_advantage(rewards, mask, values=values, index=index, config=config(0.9, 0.7, group_max_size=gmax,
                                                                                   adv_norm="none"), **one_group)
     discount = 0.9 ** torch.arange(T, dtype=F64)
     expected = (rewards * mask * discount).sum(1) - values[:, 0]
     assert ((adv - expected[:, None])[valid]).abs().max() <= 1e-9
     # adv_norm=prompt, gamma=1: verl's GRPO
-    adv, _ = compute_group_advantage(rewards, mask, values, index,
+    adv, _ = compute_group_advantage(rewards, mask, values=values, index=index,
                                      config=config(1.0, 0.7, norm_by_std, group_max_size=gmax, adv_norm="prompt"),
                                      **one_group)
     grpo, _ = compute_grpo_outcome_advantage(rewards, mask, index, epsilon=1e-6, norm_adv_by_std_in_grpo=norm_by_std)
@@ -201,7 +209,7 @@ def test_one_group_limit_is_sequence_advantage_and_verl_grpo(norm_by_std):  # pr
 
 def test_one_group_returns_are_monte_carlo_returns_to_go():  # Step 4 check
     rewards, mask, values, _, index = make_batch(5, 4, 12, "prefix", junk=False)
-    _, ret = compute_group_advantage(rewards, mask, values, index, threshold=math.inf,
+    _, ret = compute_group_advantage(rewards, mask, values=values, index=index, threshold=math.inf,
                                      config=config(0.8, 0.3, group_max_size=12, adv_norm="none"))
     for b in range(4):
         L = int(mask[b].sum())
@@ -212,23 +220,23 @@ def test_one_group_returns_are_monte_carlo_returns_to_go():  # Step 4 check
 
 def test_padding_junk_and_batch_order_change_nothing():  # property 7
     rewards, mask, values, olp, index = make_batch(13, 7, 25, "holes", junk=False, empty_rows=True)
-    cfg = config(0.95, 0.9, group_max_size=6, adv_norm="prompt")
-    base = compute_group_ppo_outputs(rewards, mask, values, index, cfg, threshold=1.5)
+    cfg = algo_settings(0.95, 0.9, group_max_size=6, adv_norm="prompt")
+    base = compute_group_ppo_outputs(rewards, mask, values=values, index=index, settings=cfg, threshold=1.5)
     # extra right padding (with junk in it)
     pad = lambda x, v: torch.cat([x, torch.full((x.shape[0], 9), v, dtype=x.dtype)], 1)  # noqa: E731
-    padded = compute_group_ppo_outputs(pad(rewards, float("nan")), pad(mask, 0.0), pad(values, float("inf")), index,
-                                       cfg, threshold=1.5)
+    padded = compute_group_ppo_outputs(pad(rewards, float("nan")), pad(mask, 0.0), values=pad(values, float("inf")),
+                                       index=index, settings=cfg, threshold=1.5)
     assert_close(padded.advantages[:, :25], base.advantages)
     assert torch.all(padded.advantages[:, 25:] == 0)
     # junk at masked positions
     r2, v2 = rewards.clone(), values.clone()
     r2[~mask.bool()], v2[~mask.bool()] = float("nan"), -float("inf")
-    junked = compute_group_ppo_outputs(r2, mask, v2, index, cfg, threshold=1.5)
+    junked = compute_group_ppo_outputs(r2, mask, values=v2, index=index, settings=cfg, threshold=1.5)
     assert torch.equal(junked.advantages, base.advantages) and torch.equal(junked.returns, base.returns)
     # batch order
     perm = torch.randperm(7, generator=torch.Generator().manual_seed(0))
-    shuffled = compute_group_ppo_outputs(rewards[perm], mask[perm], values[perm], index[perm.numpy()], cfg,
-                                         threshold=1.5)
+    shuffled = compute_group_ppo_outputs(rewards[perm], mask[perm], values=values[perm], index=index[perm.numpy()],
+                                         settings=cfg, threshold=1.5)
     assert_close(shuffled.advantages, base.advantages[perm])
     assert torch.equal(shuffled.group_ids, base.group_ids[perm])
     # rows with no valid token give zeros
@@ -238,15 +246,16 @@ def test_padding_junk_and_batch_order_change_nothing():  # property 7
 
 def test_all_masked_batch_gives_zeros_and_no_error():
     rewards, values = torch.randn(3, 5), torch.randn(3, 5)
-    out = compute_group_ppo_outputs(rewards, torch.zeros(3, 5), values, np.arange(3), config(adv_norm="prompt"))
+    out = compute_group_ppo_outputs(rewards, torch.zeros(3, 5), values=values, index=np.arange(3),
+                                    settings=algo_settings(adv_norm="prompt"))
     assert torch.all(out.advantages == 0) and torch.all(out.returns == 0) and torch.all(out.critic_mask == 0)
     assert math.isnan(out.boundary_explained_variance) and out.metrics["group/num_groups"] == 0
 
 
 def test_adaptive_threshold_changes_group_sizes_monotonically():
     rewards, mask, values, _, index = make_batch(17, 16, 64, "prefix", junk=False)
-    sizes = [compute_group_ppo_outputs(rewards, mask, values, index, config(group_max_size=64), threshold=tau)
-             .metrics["group/mean_group_size"] for tau in (0.0, 0.5, 2.0, 8.0, math.inf)]
+    sizes = [compute_group_ppo_outputs(rewards, mask, values=values, index=index, settings=algo_settings(group_max_size=64),
+                                       threshold=tau).metrics["group/mean_group_size"] for tau in (0.0, 0.5, 2.0, 8.0, math.inf)]
     assert sizes[0] == 1.0 and sizes == sorted(sizes) and sizes[-1] == pytest.approx(float(mask.sum()) / 16)
 
 
@@ -257,21 +266,23 @@ def test_adaptive_threshold_changes_group_sizes_monotonically():
 def test_small_functions_agree_with_rich_outputs():
     rewards, mask, values, olp, index = make_batch(21, 5, 30, "holes", junk=True)
     for rule in ("variance", "fixed", "low_prob"):
-        out = compute_group_ppo_outputs(rewards, mask, values, index, config(0.9, group_max_size=4, boundary_rule=rule),
+        out = compute_group_ppo_outputs(rewards, mask, values=values, index=index,
+                                        settings=algo_settings(0.9, group_max_size=4, boundary_rule=rule),
                                         old_log_probs=olp, threshold=1.0)
-        ends = find_group_endpoints(rewards, mask, values, gamma=0.9, threshold=1.0, group_max_size=4,
+        ends = find_group_endpoints(rewards, mask, values=values, gamma=0.9, threshold=1.0, group_max_size=4,
                                     boundary_rule=rule, old_log_probs=olp)
         assert torch.equal(ends, out.endpoint_mask)
         ids = endpoints_to_group_ids(ends, mask)
         assert torch.equal(ids, out.group_ids)
         assert torch.equal(create_critic_endpoint_mask(mask, ids), out.critic_mask)
-        ev = boundary_explained_variance(out.returns, values.nan_to_num(0.0, 0.0, 0.0), out.critic_mask)
+        ev = explained_variance(out.returns, values.nan_to_num(0.0, 0.0, 0.0), out.critic_mask)
         assert ev == pytest.approx(out.boundary_explained_variance, abs=1e-12)
 
 
 def test_critic_loss_weights_average_to_boundary_mean():
     rewards, mask, values, _, index = make_batch(23, 6, 20, "prefix", junk=False)
-    out = compute_group_ppo_outputs(rewards, mask, values, index, config(group_max_size=4), threshold=1.0)
+    out = compute_group_ppo_outputs(rewards, mask, values=values, index=index, settings=algo_settings(group_max_size=4),
+                                    threshold=1.0)
     per_token = torch.rand(6, 20, dtype=F64)
     token_mean = (per_token * out.critic_loss_weights).sum() / mask.sum()  # verl's token-mean, weighted
     boundary_mean = per_token[out.critic_mask.bool()].mean()
@@ -285,12 +296,13 @@ def test_critic_loss_weights_average_to_boundary_mean():
 def test_low_precision_inputs_compute_in_fp32_and_match_fp64():
     rewards, mask, values, _, index = make_batch(29, 6, 40, "prefix", junk=False)
     cfg = config(0.99, 0.95, group_max_size=8, boundary_rule="fixed")
-    ref_adv, ref_ret = compute_group_advantage(rewards, mask, values, index, cfg)
+    ref_adv, ref_ret = compute_group_advantage(rewards, mask, values=values, index=index, config=cfg)
     for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 5e-2)):
-        adv, ret = compute_group_advantage(rewards.to(dtype), mask.to(dtype), values.to(dtype), index, cfg)
+        adv, ret = compute_group_advantage(rewards.to(dtype), mask.to(dtype), values=values.to(dtype), index=index,
+                                           config=cfg)
         assert adv.dtype == torch.float32 and ret.dtype == torch.float32
-        ret_ref_low = compute_group_advantage(rewards.to(dtype).double(), mask, values.to(dtype).double(), index,
-                                              cfg)[1]
+        ret_ref_low = compute_group_advantage(rewards.to(dtype).double(), mask, values=values.to(dtype).double(),
+                                              index=index, config=cfg)[1]
         assert (ret.double() - ret_ref_low).abs().max() <= tol * max(1.0, float(ret_ref_low.abs().max()))
     assert ref_adv.dtype == F64 and ref_ret.dtype == F64
 
@@ -299,13 +311,14 @@ def test_inputs_are_not_mutated_and_no_graph_is_built():
     rewards, mask, values, olp, index = make_batch(31, 4, 16, "holes", junk=True)
     values.requires_grad_(True)
     copies = [x.detach().clone() for x in (rewards, mask, values, olp)]
-    out = compute_group_ppo_outputs(rewards, mask, values, index, config(boundary_rule="low_prob"), old_log_probs=olp)
+    out = compute_group_ppo_outputs(rewards, mask, values=values, index=index, settings=algo_settings(boundary_rule="low_prob"),
+                                    old_log_probs=olp)
     assert not out.advantages.requires_grad and not out.returns.requires_grad
     for before, after in zip(copies, (rewards, mask, values.detach(), olp)):
         assert torch.equal(before.nan_to_num(7.0, 7.0, 7.0), after.nan_to_num(7.0, 7.0, 7.0))
     one_row = torch.randn(1, 8)  # a (1, T) batch, whose transpose is contiguous
     one_row_copy = one_row.clone()
-    compute_group_advantage(one_row, torch.ones(1, 8), one_row, config=config())
+    compute_group_advantage(one_row, torch.ones(1, 8), values=one_row, config=config())
     assert torch.equal(one_row, one_row_copy)
 
 
@@ -315,10 +328,12 @@ def test_torch_loop_backend_equals_numpy_backend(monkeypatch, rule):
     import verl_group_ppo.core_algos as core
 
     rewards, mask, values, olp, index = make_batch(47, 9, 33, "holes", junk=True, empty_rows=True)
-    cfg = config(0.97, 0.9, group_max_size=5, boundary_rule=rule, adv_norm="prompt")
-    with_numpy = compute_group_ppo_outputs(rewards, mask, values, index, cfg, old_log_probs=olp, threshold=0.7)
+    cfg = algo_settings(0.97, 0.9, group_max_size=5, boundary_rule=rule, adv_norm="prompt")
+    with_numpy = compute_group_ppo_outputs(rewards, mask, values=values, index=index, settings=cfg, old_log_probs=olp,
+                                           threshold=0.7)
     monkeypatch.setattr(core, "_array_backend", lambda *tensors: (torch, tensors))
-    with_torch = compute_group_ppo_outputs(rewards, mask, values, index, cfg, old_log_probs=olp, threshold=0.7)
+    with_torch = compute_group_ppo_outputs(rewards, mask, values=values, index=index, settings=cfg, old_log_probs=olp,
+                                           threshold=0.7)
     for name in ("advantages", "returns", "group_ids", "endpoint_mask", "critic_mask", "critic_loss_weights"):
         assert torch.equal(getattr(with_torch, name), getattr(with_numpy, name)), name
     assert with_torch.metrics == with_numpy.metrics
@@ -327,9 +342,10 @@ def test_torch_loop_backend_equals_numpy_backend(monkeypatch, rule):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_matches_cpu():
     rewards, mask, values, olp, index = make_batch(37, 8, 64, "holes", junk=True)
-    cfg = config(0.99, 0.95, group_max_size=8, adv_norm="prompt")
-    cpu = compute_group_ppo_outputs(rewards, mask, values, index, cfg, threshold=1.0)
-    gpu = compute_group_ppo_outputs(rewards.cuda(), mask.cuda(), values.cuda(), index, cfg, threshold=1.0)
+    cfg = algo_settings(0.99, 0.95, group_max_size=8, adv_norm="prompt")
+    cpu = compute_group_ppo_outputs(rewards, mask, values=values, index=index, settings=cfg, threshold=1.0)
+    gpu = compute_group_ppo_outputs(rewards.cuda(), mask.cuda(), values=values.cuda(), index=index, settings=cfg,
+                                    threshold=1.0)
     assert_close(gpu.advantages.cpu(), cpu.advantages)
     assert torch.equal(gpu.group_ids.cpu(), cpu.group_ids)
 
@@ -399,31 +415,150 @@ def test_mask_dtypes_bool_int_float_agree():
 
 def test_update_threshold_moves_toward_target_and_clips():
     p = GroupParams(threshold_lr=0.5, target_explained_variance=0.5, min_threshold=0.5, max_threshold=4.0)
-    assert update_threshold(1.0, -1.0, p) == pytest.approx(math.exp(0.75))  # poor critic: longer groups
-    assert update_threshold(1.0, 1.0, p) == pytest.approx(math.exp(-0.25))  # good critic: shorter groups
-    assert update_threshold(1.0, 0.5, p) == pytest.approx(1.0)
-    assert update_threshold(1.0, -50.0, p) == pytest.approx(math.exp(0.75))  # ev clipped to [-1, 1]
-    assert update_threshold(3.9, -1.0, p) == 4.0 and update_threshold(0.51, 1.0, p) == 0.5
-    assert update_threshold(2.0, float("nan"), p) == 2.0
+
+    def step(tau, ev):
+        return update_threshold(tau, params=p, explained_variance=ev)
+
+    assert step(1.0, -1.0) == pytest.approx(math.exp(0.75))  # poor critic: longer groups
+    assert step(1.0, 1.0) == pytest.approx(math.exp(-0.25))  # good critic: shorter groups
+    assert step(1.0, 0.5) == pytest.approx(1.0)
+    assert step(1.0, -50.0) == pytest.approx(math.exp(0.75))  # ev clipped to [-1, 1]
+    assert step(3.9, -1.0) == 4.0 and step(0.51, 1.0) == 0.5
+    assert step(2.0, float("nan")) == 2.0
 
 
-def test_threshold_state_update_rules_and_round_trip():
+def test_largest_default_tau_growth_per_batch_is_exp_0_015():
+    """docs/results.md: with the defaults (lr 0.01, target 0.5) tau grows at most by e^0.015 per batch (ev = -1)."""
+    p = GroupParams()
+    assert update_threshold(1.0, params=p, explained_variance=-1.0) == pytest.approx(math.exp(0.015))
+
+
+def test_group_size_target_rule():
+    p = GroupParams(adaptive_target="group_size", target_group_size=8.0, threshold_lr=0.5, min_threshold=0.1,
+                    max_threshold=10.0)
+
+    def step(tau, m):
+        return update_threshold(tau, params=p, mean_group_size=m, explained_variance=-1.0)  # ev is not read
+
+    assert step(1.0, 2.0) == pytest.approx(2.0)  # groups 4x too small: tau * 4 ** 0.5
+    assert step(1.0, 32.0) == pytest.approx(0.5)  # groups 4x too large
+    assert step(1.0, 8.0) == pytest.approx(1.0)
+    assert step(9.0, 1.0) == 10.0 and step(0.11, 1000.0) == 0.1  # clipped
+    assert step(2.0, float("nan")) == 2.0  # a batch without groups leaves tau unchanged
+
+
+def test_adaptive_threshold_owns_state_rule_and_round_trip():
     params = GroupParams(threshold_lr=0.1)
-    state = ThresholdState.from_params(params)
-    assert state.value == 1.0
-    state.update(0.0, params)
-    assert state.value == pytest.approx(math.exp(0.05))
-    fresh = ThresholdState(3.0)
-    fresh.load_state_dict(state.state_dict())
-    assert fresh.value == state.value and fresh.state_dict() == {"threshold": state.value}
+    threshold = AdaptiveThreshold(params)
+    assert threshold.value == 1.0 and threshold.adapts
+    rewards, mask, values, _, index = make_batch(19, 4, 12, "prefix", junk=False)
+    out = compute_group_ppo_outputs(rewards, mask, values=values, index=index,
+                                    settings=read_algorithm_settings({"group_params": params.to_dict()}),
+                                    threshold=threshold.value)
+    expected = update_threshold(1.0, params=params, explained_variance=out.boundary_explained_variance)
+    assert threshold.update(out) == pytest.approx(expected) and threshold.value == pytest.approx(expected)
+    fresh = AdaptiveThreshold(GroupParams(group_variance_threshold=3.0))
+    fresh.load_state_dict(threshold.state_dict())
+    assert fresh.value == threshold.value and fresh.state_dict() == {"threshold": threshold.value}
     for frozen in (GroupParams(adaptive_threshold=False), GroupParams(boundary_rule="fixed")):
-        s = ThresholdState(1.0)
-        s.update(-1.0, frozen)
-        assert s.value == 1.0
+        still = AdaptiveThreshold(frozen)
+        assert not still.adapts and still.update(out) == 1.0
     with pytest.raises(ValueError, match="threshold"):
         fresh.load_state_dict({"threshold": -2.0})
     with pytest.raises(ValueError, match="threshold"):
         fresh.load_state_dict({"tau": 1.0})
+    with pytest.raises(ValueError, match="params"):
+        AdaptiveThreshold({"group_max_size": 4})
+
+
+def test_group_size_controller_converges_monotonically_to_the_target():  # V2.2
+    """On a fixed synthetic batch the mean group size moves toward the target every step, never past it."""
+    rewards, mask, values, _, index = make_batch(53, 32, 96, "prefix", dense=False, junk=False)
+    for target, tau0 in ((12.0, 0.2), (3.0, 9.0)):
+        params = GroupParams(adaptive_target="group_size", target_group_size=target, threshold_lr=0.5,
+                             group_max_size=96, group_variance_threshold=tau0, min_threshold=0.01,
+                             max_threshold=100.0)
+        algo = read_algorithm_settings({"group_params": params.to_dict()})
+        threshold = AdaptiveThreshold(params)
+        gaps = []
+        for _ in range(25):
+            out = compute_group_ppo_outputs(rewards, mask, values=values, index=index, settings=algo,
+                                            threshold=threshold.value)
+            gaps.append(math.log(out.mean_group_size / target))
+            threshold.update(out)
+        assert abs(gaps[-1]) < 0.25 * abs(gaps[0])  # most of the way there
+        sign = math.copysign(1.0, gaps[0])
+        assert all(sign * g >= -0.15 for g in gaps)  # approached from one side (no runaway, no wide overshoot)
+        # the gap never widens, except by the jitter of a step function at its fixed point (sizes are discrete)
+        assert all(sign * b <= sign * a + 1e-9 or abs(b) < 0.01 for a, b in zip(gaps, gaps[1:]))
+
+
+@pytest.mark.parametrize("mask_kind", ["prefix", "holes"])
+@pytest.mark.parametrize("how", ["tau0", "size1"])
+def test_decoupled_lambda_limit_equals_verl_gae_with_each_lambda(mask_kind, how):  # V2.1
+    """tau = 0 or group_max_size = 1: advantages are verl's GAE with policy_lam, returns verl's GAE with critic_lam."""
+    rewards, mask, values, _, index = make_batch(59, 6, 40, mask_kind, junk=False)
+    limit = {"tau0": dict(threshold=0.0, gmax=16), "size1": dict(threshold=3.0, gmax=1)}[how]
+    cfg = config(0.97, 1.0, group_max_size=limit["gmax"], policy_lam=0.9, critic_lam=0.6, adv_norm="none")
+    adv, ret = compute_group_advantage(rewards, mask, values=values, index=index, config=cfg,
+                                       threshold=limit["threshold"])
+    valid = mask.bool()
+    _, policy_ret = compute_gae_advantage_return(rewards, values, mask, gamma=0.97, lam=0.9)
+    _, critic_ret = compute_gae_advantage_return(rewards, values, mask, gamma=0.97, lam=0.6)
+    assert (adv[valid] - (policy_ret - values)[valid]).abs().max() <= 1e-9
+    assert (ret[valid] - critic_ret[valid]).abs().max() <= 1e-9
+    cfg["group_params"]["adv_norm"] = "batch"  # and whitened, verl's GAE advantages with policy_lam
+    adv, _ = compute_group_advantage(rewards, mask, values=values, index=index, config=cfg, threshold=limit["threshold"])
+    policy_adv, _ = compute_gae_advantage_return(rewards, values, mask, gamma=0.97, lam=0.9)
+    assert (adv[valid] - policy_adv[valid]).abs().max() <= 1e-9
+
+
+def test_decoupled_lambda_null_means_algorithm_lam_and_metrics_say_which():
+    rewards, mask, values, _, index = make_batch(61, 5, 20, "holes", junk=True)
+    plain = compute_group_ppo_outputs(rewards, mask, values=values, index=index, settings=algo_settings(0.9, 0.8),
+                                      threshold=1.0)
+    explicit = compute_group_ppo_outputs(rewards, mask, values=values, index=index,
+                                         settings=algo_settings(0.9, 0.3, policy_lam=0.8, critic_lam=0.8), threshold=1.0)
+    assert torch.equal(plain.advantages, explicit.advantages) and torch.equal(plain.returns, explicit.returns)
+    assert (plain.metrics["group/policy_lam"], plain.metrics["group/critic_lam"]) == (0.8, 0.8)
+    split = compute_group_ppo_outputs(rewards, mask, values=values, index=index,
+                                      settings=algo_settings(0.9, 0.8, critic_lam=1.0), threshold=1.0)
+    assert torch.equal(split.advantages, plain.advantages)  # the policy side is unchanged
+    assert not torch.equal(split.returns, plain.returns)
+    assert (split.metrics["group/policy_lam"], split.metrics["group/critic_lam"]) == (0.8, 1.0)
+    # the boundary explained variance is measured against the critic's returns
+    assert split.boundary_explained_variance == pytest.approx(
+        explained_variance(split.returns, values.nan_to_num(0.0, 0.0, 0.0), split.critic_mask), abs=1e-12)
+
+
+def test_low_prob_rule_logs_probabilities_at_cuts():  # V2.4
+    rewards, mask, values, olp, index = make_batch(67, 6, 30, "prefix", junk=False)
+    out = compute_group_ppo_outputs(rewards, mask, values=values, index=index, old_log_probs=olp,
+                                    settings=algo_settings(boundary_rule="low_prob", low_prob_threshold=0.3))
+    probs = olp.exp()
+    starts = out.critic_mask.bool()
+    low = mask.bool() & (probs < 0.3)
+    low[:, 0] = False
+    assert bool(starts[low].all())  # the rule: every low-probability token (after the first) starts a group
+    assert out.metrics["group/prob_at_group_starts"] == pytest.approx(float(probs[starts].mean()))
+    assert out.metrics["group/prob_at_endpoints"] == pytest.approx(float(probs[out.endpoint_mask].mean()))
+    other = mask.bool() & ~starts & ~out.endpoint_mask
+    assert out.metrics["group/prob_elsewhere"] == pytest.approx(float(probs[other].mean()))
+    variance = compute_group_ppo_outputs(rewards, mask, values=values, index=index, old_log_probs=olp,
+                                         settings=algo_settings())
+    assert "group/prob_at_group_starts" not in variance.metrics
+
+
+def test_group_size_quantiles():
+    rewards, mask, values, _, index = make_batch(71, 8, 40, "holes", junk=False)
+    out = compute_group_ppo_outputs(rewards, mask, values=values, index=index, settings=algo_settings(group_max_size=7),
+                                    threshold=2.0)
+    sizes = torch.tensor([int((out.group_ids[b] == k).sum()) for b in range(8)
+                          for k in range(1, int(out.group_ids[b].max()) + 1)], dtype=F64)
+    assert out.metrics["group/size_p50"] == pytest.approx(float(sizes.quantile(0.5)))
+    assert out.metrics["group/size_p90"] == pytest.approx(float(sizes.quantile(0.9)))
+    assert out.metrics["group/max_group_size"] == float(sizes.max())
+    assert out.mean_group_size == pytest.approx(float(sizes.mean()))
 
 
 def test_config_from_omegaconf_and_algoconfig():
@@ -431,11 +566,11 @@ def test_config_from_omegaconf_and_algoconfig():
 
     node = OmegaConf.create({"gamma": 0.9, "lam": 0.8, "group_params": {"group_max_size": 4, "adv_norm": "none"}})
     rewards, mask, values, _, index = make_batch(43, 3, 10, "prefix", junk=False)
-    a1 = compute_group_advantage(rewards, mask, values, index, config=node)[0]
-    a2 = compute_group_advantage(rewards, mask, values, index, config=OmegaConf.to_container(node))[0]
+    a1 = compute_group_advantage(rewards, mask, values=values, index=index, config=node)[0]
+    a2 = compute_group_advantage(rewards, mask, values=values, index=index, config=OmegaConf.to_container(node))[0]
     assert torch.equal(a1, a2)
-    a3 = compute_group_advantage(rewards, mask, values, index, config=AlgoConfig(gamma=0.9, lam=0.8))[0]
-    a4 = compute_group_advantage(rewards, mask, values, index, config={"gamma": 0.9, "lam": 0.8})[0]
+    a3 = compute_group_advantage(rewards, mask, values=values, index=index, config=AlgoConfig(gamma=0.9, lam=0.8))[0]
+    a4 = compute_group_advantage(rewards, mask, values=values, index=index, config={"gamma": 0.9, "lam": 0.8})[0]
     assert torch.equal(a3, a4)
 
 
@@ -443,8 +578,8 @@ def test_worked_example_from_docs():
     """docs/algorithm.md's table, computed by hand there."""
     r = torch.tensor([[0, 0, 0, 0, 0, 1.0]], dtype=F64)
     v = torch.tensor([[0.5, 0.5, 0.6, 0.2, 0.8, 0.9]], dtype=F64)
-    out = compute_group_ppo_outputs(r, torch.ones(1, 6, dtype=F64), v,
-                                    config=config(1.0, 0.95, group_max_size=4, adv_norm="none"), threshold=1.0)
+    out = compute_group_ppo_outputs(r, torch.ones(1, 6, dtype=F64), values=v,
+                                    settings=algo_settings(1.0, 0.95, group_max_size=4, adv_norm="none"), threshold=1.0)
     assert out.endpoint_mask.tolist() == [[False, False, True, True, False, True]]
     assert out.group_ids.tolist() == [[1, 1, 1, 2, 3, 3]]
     assert out.advantages[0].tolist() == pytest.approx([0.4505] * 3 + [0.79] + [0.2] * 2, abs=1e-12)

@@ -43,7 +43,10 @@ def reference_group_ppo(
     low_prob_threshold: float = 0.9,
     old_log_probs: Optional[torch.Tensor] = None,
     index: Optional[Sequence] = None,
+    critic_lam: Optional[float] = None,
 ) -> ReferenceResult:
+    """GROUP-PPO on one batch. ``lam`` is the advantages' lambda; ``critic_lam`` (None = ``lam``) the returns'."""
+    critic_lam = lam if critic_lam is None else critic_lam
     B, T = mask.shape
     m = mask.tolist()
     r = rewards.double().tolist()
@@ -93,8 +96,10 @@ def reference_group_ppo(
         p, d, e = positions[b], deltas[b], ends[b]
         L = len(p)
         X = [0.0] * (L + 1)
+        Xc = [0.0] * (L + 1)  # the same recursion with the critic's lambda, for the returns
         for i in range(L - 1, -1, -1):
             X[i] = d[i] + gamma * (lam if e[i] else 1.0) * X[i + 1]
+            Xc[i] = d[i] + gamma * (critic_lam if e[i] else 1.0) * Xc[i + 1]
         k, i = 0, 0
         while i < L:
             k += 1
@@ -109,7 +114,7 @@ def reference_group_ppo(
                 gid[b][p[j]] = k
             i += 1
         for i in range(L):
-            ret[b][p[i]] = X[i] + v[b][p[i]]
+            ret[b][p[i]] = Xc[i] + v[b][p[i]]
 
     # Boundary explained variance (population variances over critic slots).
     slots = [(b, t) for b in range(B) for t in range(T) if cmask[b][t]]

@@ -1,20 +1,27 @@
-"""GROUP-PPO configuration: the ``algorithm.group_params`` keys and the algorithm settings they sit beside.
+"""GROUP-PPO configuration: the ``algorithm.group_params`` keys, the algorithm settings beside them, and the
+project's one config reader and one set of validators.
 
 verl hands an advantage estimator its ``algorithm`` config (a DictConfig in the v1 trainer, sometimes the
-``AlgoConfig`` dataclass or a plain dict in user code). :func:`read_algorithm_settings` reads the three
-algorithm keys GROUP-PPO uses (``gamma``, ``lam``, ``norm_adv_by_std_in_grpo``) and its ``group_params``
-from any of those, filling missing keys with defaults and naming the offending key on bad values.
+``AlgoConfig`` dataclass or a plain dict in user code). :func:`read_algorithm_settings` reads the algorithm
+keys GROUP-PPO uses (``gamma``, ``lam``, ``norm_adv_by_std_in_grpo``) and its ``group_params`` from any of
+those into a typed :class:`AlgorithmSettings`; :func:`select` reads any other dotted key of a verl config.
+Bad values raise ValueError naming the key by its full path (``algorithm.group_params.group_max_size``).
+The keys and what they do: docs/configuration.md; the algorithm they drive: docs/algorithm.md.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 BOUNDARY_RULES = ("variance", "fixed", "low_prob")
 ADV_NORMS = ("batch", "prompt", "none")
 CRITIC_LOSS_ON = ("boundaries", "all_tokens")
+ADAPTIVE_TARGETS = ("explained_variance", "group_size")
+
+GROUP_PARAMS_PATH = "algorithm.group_params"
+"""Where the group parameters live in verl's config (error messages name keys by this full path)."""
 
 
 def _help(text: str, default: Any) -> Any:
@@ -26,8 +33,8 @@ def _help(text: str, default: Any) -> Any:
 class GroupParams:
     """``algorithm.group_params``: how responses are cut into groups and how the critic is used.
 
-    Names and defaults follow the GROUP-PPO spec's Defaults section. Build it with :meth:`from_config`,
-    which validates every key; constructing it directly validates too.
+    Build it with :meth:`from_config`, which converts YAML/command-line values; constructing it directly
+    validates too. Every field's one-line help is in ``GroupParams.help()``.
     """
 
     group_variance_threshold: float = _help(
@@ -35,7 +42,7 @@ class GroupParams:
         "inf = groups as long as group_max_size allows.", 1.0)
     group_max_size: int = _help("Most valid tokens in one group (>= 1); 1 reproduces token-level GAE.", 16)
     group_epsilon: float = _help("Small positive constant in the normalised TD variance and explained variance.", 1e-6)
-    adaptive_threshold: bool = _help("Adapt tau each batch from the critic's boundary explained variance.", True)
+    adaptive_threshold: bool = _help("Adapt tau after each batch toward adaptive_target (variance rule only).", True)
     threshold_lr: float = _help("Step size of the multiplicative tau update (log-space).", 0.01)
     min_threshold: float = _help("Lower bound for the adapted tau.", 0.1)
     max_threshold: float = _help("Upper bound for the adapted tau.", 10.0)
@@ -43,9 +50,19 @@ class GroupParams:
     low_prob_threshold: float = _help("low_prob rule: a new group starts at a token with old prob below this.", 0.9)
     adv_norm: str = _help("Advantage normalisation: 'batch' (verl masked_whiten), 'prompt' (per uid) or 'none'.",
                           "batch")
-    target_explained_variance: float = _help("Boundary explained variance the adaptive tau steers toward.", 0.5)
+    target_explained_variance: float = _help(
+        "adaptive_target=explained_variance: the boundary explained variance tau steers toward.", 0.5)
     critic_loss_on: str = _help("Critic loss at 'boundaries' (value slots the advantages use) or 'all_tokens'.",
                                 "boundaries")
+    policy_lam: Optional[float] = _help(
+        "Lambda of the advantages' segment GAE, in [0, 1]; null = algorithm.lam.", None)
+    critic_lam: Optional[float] = _help(
+        "Lambda of the critic's returns (its targets), in [0, 1]; null = algorithm.lam.", None)
+    adaptive_target: str = _help(
+        "What tau adapts to: 'explained_variance' (v1; can run away, see docs) or 'group_size'.",
+        "explained_variance")
+    target_group_size: float = _help(
+        "adaptive_target=group_size: the mean valid tokens per group tau steers toward (> 0).", 8.0)
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -60,12 +77,11 @@ class GroupParams:
             return cls()
         if isinstance(obj, GroupParams):
             return obj
-        raw = _to_plain_dict(obj, "group_params")
+        raw = _to_plain_dict(obj, GROUP_PARAMS_PATH)
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(raw) - known)
         if unknown:
-            raise ValueError(
-                f"group_params: unknown key(s) {unknown}; known keys are {sorted(known)}")
+            raise ValueError(f"{GROUP_PARAMS_PATH}: unknown key(s) {unknown}; known keys are {sorted(known)}")
         return cls(**{key: _coerce(key, value) for key, value in raw.items()})
 
     def to_dict(self) -> dict[str, Any]:
@@ -89,77 +105,136 @@ class AlgorithmSettings:
 
     def __post_init__(self) -> None:
         for name in ("gamma", "lam"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
-                raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
+            check_unit_interval(getattr(self, name), f"algorithm.{name}")
+
+    @property
+    def policy_lam(self) -> float:
+        """The lambda the advantages use: ``group_params.policy_lam``, else ``algorithm.lam``."""
+        return self.lam if self.group.policy_lam is None else self.group.policy_lam
+
+    @property
+    def critic_lam(self) -> float:
+        """The lambda the critic's returns use: ``group_params.critic_lam``, else ``algorithm.lam``."""
+        return self.lam if self.group.critic_lam is None else self.group.critic_lam
 
 
 def read_algorithm_settings(config: Any = None) -> AlgorithmSettings:
     """Read ``gamma``, ``lam``, ``norm_adv_by_std_in_grpo`` and ``group_params`` from verl's algorithm config.
 
     Args:
-        config: None, a mapping, an OmegaConf DictConfig, or an object with those attributes
-            (verl's ``AlgoConfig``). Missing keys take defaults (gamma=1, lam=1, as in verl's AlgoConfig).
+        config: None, an :class:`AlgorithmSettings`, a mapping, an OmegaConf DictConfig, or an object with
+            those attributes (verl's ``AlgoConfig``). Missing keys take defaults (gamma=1, lam=1, as in
+            verl's AlgoConfig).
     """
     if config is None:
         return AlgorithmSettings()
     if isinstance(config, AlgorithmSettings):
         return config
-    getter = _getter(config)
-    group = GroupParams.from_config(getter("group_params"))
-    settings = {}
+    group = GroupParams.from_config(select(config, "group_params"))
+    settings: dict[str, Any] = {}
     for name in ("gamma", "lam"):
-        value = getter(name)
+        value = select(config, name)
         if value is not None:
-            settings[name] = _coerce_float(name, value)
-    norm = getter("norm_adv_by_std_in_grpo")
+            settings[name] = _coerce_float(f"algorithm.{name}", value)
+    norm = select(config, "norm_adv_by_std_in_grpo")
     if norm is not None:
-        settings["norm_adv_by_std_in_grpo"] = _coerce_bool("norm_adv_by_std_in_grpo", norm)
+        settings["norm_adv_by_std_in_grpo"] = _coerce_bool("algorithm.norm_adv_by_std_in_grpo", norm)
     return AlgorithmSettings(group=group, **settings)
 
 
+def select(config: Any, dotted_key: str, default: Any = None) -> Any:
+    """``config.a.b`` for a DictConfig, nested mappings or attribute objects (verl's config dataclasses).
+
+    Returns ``default`` when a level is missing or the value is None.
+    """
+    node = config
+    for part in dotted_key.split("."):
+        if node is None:
+            return default
+        if isinstance(node, Mapping) or (hasattr(node, "get") and not hasattr(node, "__dataclass_fields__")):
+            node = node.get(part, None)
+        else:
+            node = getattr(node, part, None)
+    return default if node is None else node
+
+
 # --------------------------------------------------------------------------------------------------
-# helpers
+# validators (the project's one set)
+
+
+def check_unit_interval(value: Any, name: str) -> float:
+    """``value`` as a float in [0, 1], else ValueError naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+        raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
+    return float(value)
+
+
+def check_threshold(value: Any, name: str) -> float:
+    """A variance threshold tau: a number >= 0 (inf allowed), else ValueError naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or value < 0:
+        raise ValueError(f"{name} (the variance threshold tau) must be a number >= 0, got {value!r}")
+    return float(value)
+
+
+def check_critic_loss_agg_mode(loss_agg_mode: Any) -> None:
+    """The boundary critic loss (docs/algorithm.md, Step 7) is defined for verl's ``token-mean`` only."""
+    if loss_agg_mode != "token-mean":
+        raise ValueError(
+            f"critic.loss_agg_mode={loss_agg_mode!r} is not supported with algorithm.adv_estimator=group_ppo and "
+            f"{GROUP_PARAMS_PATH}.critic_loss_on=boundaries: the boundary weights N_valid/N_boundary assume verl's "
+            "token-mean; set critic.loss_agg_mode=token-mean (in verl 0.9.1 it follows "
+            "actor_rollout_ref.actor.loss_agg_mode unless set) or critic_loss_on=all_tokens.")
+
+
+_NUMBER_KEYS = ("group_variance_threshold", "group_epsilon", "threshold_lr", "min_threshold", "max_threshold",
+                "low_prob_threshold", "target_explained_variance", "target_group_size")
+_CHOICES = (("boundary_rule", BOUNDARY_RULES), ("adv_norm", ADV_NORMS), ("critic_loss_on", CRITIC_LOSS_ON),
+            ("adaptive_target", ADAPTIVE_TARGETS))
+
+
+def _bad(p: GroupParams, key: str, why: str) -> ValueError:
+    return ValueError(f"{GROUP_PARAMS_PATH}.{key} {why}, got {getattr(p, key)!r}")
 
 
 def _validate(p: GroupParams) -> None:
-    def bad(key: str, why: str) -> ValueError:
-        return ValueError(f"group_params.{key} {why}, got {getattr(p, key)!r}")
-
+    """Every key's type and range; the cross-key rules in :func:`_validate_threshold_range`."""
     if isinstance(p.group_max_size, bool) or not isinstance(p.group_max_size, int) or p.group_max_size < 1:
-        raise bad("group_max_size", "must be an integer >= 1")
-    for key in ("group_variance_threshold", "group_epsilon", "threshold_lr", "min_threshold", "max_threshold",
-                "low_prob_threshold", "target_explained_variance"):
+        raise _bad(p, "group_max_size", "must be an integer >= 1")
+    for key in _NUMBER_KEYS:
         value = getattr(p, key)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-            raise bad(key, "must be a number")
-    if p.group_variance_threshold < 0:
-        raise bad("group_variance_threshold", "must be >= 0 (0 = token-level groups)")
-    if not (p.group_epsilon > 0 and math.isfinite(p.group_epsilon)):
-        raise bad("group_epsilon", "must be a finite number > 0")
-    if not (p.threshold_lr >= 0 and math.isfinite(p.threshold_lr)):
-        raise bad("threshold_lr", "must be a finite number >= 0")
-    if p.min_threshold < 0:
-        raise bad("min_threshold", "must be >= 0")
-    if p.max_threshold < 0:
-        raise bad("max_threshold", "must be >= 0")
-    if p.min_threshold > p.max_threshold:
-        raise ValueError(f"group_params.min_threshold ({p.min_threshold}) must not exceed "
-                         f"group_params.max_threshold ({p.max_threshold})")
-    if not 0.0 <= p.low_prob_threshold <= 1.0:
-        raise bad("low_prob_threshold", "must be in [0, 1]")
-    if not -1.0 <= p.target_explained_variance <= 1.0:
-        raise bad("target_explained_variance", "must be in [-1, 1]")
-    if not isinstance(p.adaptive_threshold, bool):
-        raise bad("adaptive_threshold", "must be true or false")
-    for key, choices in (("boundary_rule", BOUNDARY_RULES), ("adv_norm", ADV_NORMS),
-                         ("critic_loss_on", CRITIC_LOSS_ON)):
+            raise _bad(p, key, "must be a number")
+    check_threshold(p.group_variance_threshold, f"{GROUP_PARAMS_PATH}.group_variance_threshold")
+    for key, ok, why in (
+        ("group_epsilon", p.group_epsilon > 0 and math.isfinite(p.group_epsilon), "must be a finite number > 0"),
+        ("threshold_lr", p.threshold_lr >= 0 and math.isfinite(p.threshold_lr), "must be a finite number >= 0"),
+        ("min_threshold", p.min_threshold >= 0, "must be >= 0"),
+        ("max_threshold", p.max_threshold >= 0, "must be >= 0"),
+        ("low_prob_threshold", 0.0 <= p.low_prob_threshold <= 1.0, "must be in [0, 1]"),
+        ("target_explained_variance", -1.0 <= p.target_explained_variance <= 1.0, "must be in [-1, 1]"),
+        ("target_group_size", 0 < p.target_group_size < math.inf, "must be a finite number > 0"),
+        ("adaptive_threshold", isinstance(p.adaptive_threshold, bool), "must be true or false"),
+    ):
+        if not ok:
+            raise _bad(p, key, why)
+    for key in ("policy_lam", "critic_lam"):
+        if getattr(p, key) is not None:
+            check_unit_interval(getattr(p, key), f"{GROUP_PARAMS_PATH}.{key} (or null for algorithm.lam)")
+    for key, choices in _CHOICES:
         if getattr(p, key) not in choices:
-            raise bad(key, f"must be one of {list(choices)}")
+            raise _bad(p, key, f"must be one of {list(choices)}")
+    _validate_threshold_range(p)
+
+
+def _validate_threshold_range(p: GroupParams) -> None:
+    """min <= max, and with adaptation on (variance rule) the starting tau inside [min, max]."""
+    if p.min_threshold > p.max_threshold:
+        raise ValueError(f"{GROUP_PARAMS_PATH}.min_threshold ({p.min_threshold}) must not exceed "
+                         f"{GROUP_PARAMS_PATH}.max_threshold ({p.max_threshold})")
     if (p.adaptive_threshold and p.boundary_rule == "variance"
             and not p.min_threshold <= p.group_variance_threshold <= p.max_threshold):
         raise ValueError(
-            f"group_params.group_variance_threshold ({p.group_variance_threshold}) must lie in "
+            f"{GROUP_PARAMS_PATH}.group_variance_threshold ({p.group_variance_threshold}) must lie in "
             f"[min_threshold, max_threshold] = [{p.min_threshold}, {p.max_threshold}] when adaptive_threshold "
             "is true (set adaptive_threshold=false to use a threshold outside that range)")
 
@@ -170,6 +245,11 @@ _FIELD_TYPES = {f.name: f.type for f in fields(GroupParams)}
 def _coerce(key: str, value: Any) -> Any:
     """Accept what YAML/Hydra/JSON produce for a key (e.g. 8.0 for 8, 'inf' for inf), reject the rest."""
     kind = _FIELD_TYPES[key]
+    name = f"{GROUP_PARAMS_PATH}.{key}"
+    if kind == "Optional[float]":
+        if value is None or (isinstance(value, str) and value.strip().lower() in ("null", "none")):
+            return None
+        return _coerce_float(name, value)
     if kind == "int":
         if isinstance(value, float) and value.is_integer():
             return int(value)
@@ -177,9 +257,9 @@ def _coerce(key: str, value: Any) -> Any:
             return int(value)
         return value  # validated (and rejected if wrong) in _validate
     if kind == "float":
-        return _coerce_float(f"group_params.{key}", value)
+        return _coerce_float(name, value)
     if kind == "bool":
-        return _coerce_bool(f"group_params.{key}", value)
+        return _coerce_bool(name, value)
     return value
 
 
@@ -215,10 +295,3 @@ def _to_plain_dict(obj: Any, name: str) -> dict[str, Any]:
     if isinstance(obj, Mapping):
         return dict(obj)
     raise ValueError(f"{name} must be a mapping (dict or DictConfig), got {type(obj).__name__}")
-
-
-def _getter(config: Any):
-    """A ``get(key)`` over a mapping/DictConfig or an attribute object, returning None when absent."""
-    if isinstance(config, Mapping) or hasattr(config, "get") and not hasattr(config, "__dataclass_fields__"):
-        return lambda key: config.get(key, None)
-    return lambda key: getattr(config, key, None)

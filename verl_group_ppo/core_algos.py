@@ -1,20 +1,25 @@
-"""GROUP-PPO advantage estimation (the algorithm math; pure torch + numpy, no verl trainer imports).
+"""GROUP-PPO advantage estimation: the algorithm math (pure torch + numpy, no verl trainer imports).
 
 Each response is cut into contiguous token groups at dynamically chosen endpoints; the critic is read
 at group boundaries, each group gets one advantage (segment GAE over groups), broadcast to every token
-of the group. See docs/algorithm.md for the algorithm in words and a worked example.
+of the group. docs/algorithm.md explains the steps cited below ("step N") with a worked example.
+
+Where a token's advantage comes from: :func:`compute_group_ppo_outputs` runs steps 1-6 in order:
+:func:`_td_residuals` (1), :func:`_group_ends` (2), :func:`endpoints_to_group_ids` (3),
+:func:`_segment_gae_` and :func:`_broadcast_from_starts_` (4), :func:`create_critic_endpoint_mask` (5),
+:func:`_normalize_advantages_` (6); :class:`AdaptiveThreshold` then moves tau for the next batch.
 
 Conventions (verl's): tensors are (B, T) = (batch, response length); ``response_mask`` is 0/1 and may
 have holes (multi-turn tool observations); ``values[b, t]`` is the critic's value of the state before
 response token t. Masked positions are transparent: their rewards and values are never read (they may
 hold NaN), they belong to no group and every output is 0 there.
 
-Implementation notes. All work is vectorised over the batch. The two places where the spec needs a
-sequential pass over time (the variance budget scan and the backward segment-GAE recursion) are loops
-over T whose every step is a handful of whole-batch operations on contiguous rows of time-major (T, B)
-buffers; on CPU those steps run on numpy views of the same memory (about half the per-call overhead of
-torch), on other devices with torch. No cumulative-product tricks: results are exact for any gamma,
-lam and T. Computation is in float64 when an input is float64, else in float32.
+Implementation notes. All work is vectorised over the batch. The places where the algorithm needs a
+sequential pass over time (the variance budget scan, the backward segment-GAE recursion, the forward
+broadcast) are loops over T whose every step is a handful of whole-batch operations on contiguous rows of
+time-major (T, B) buffers; on CPU those steps run on numpy views of the same memory (about half the
+per-call overhead of torch), on other devices with torch. No cumulative-product tricks: results are exact
+for any gamma, lam and T. Computation is in float64 when an input is float64, else in float32.
 """
 
 from __future__ import annotations
@@ -26,16 +31,16 @@ from typing import Any, Optional, Sequence, Union
 import numpy as np
 import torch
 
-from verl_group_ppo.config import AlgorithmSettings, GroupParams, read_algorithm_settings
+from verl_group_ppo.config import AlgorithmSettings, GroupParams, check_threshold, read_algorithm_settings
 
 __all__ = [
+    "AdaptiveThreshold",
     "GroupPPOOutputs",
-    "ThresholdState",
-    "boundary_explained_variance",
     "compute_group_advantage",
     "compute_group_ppo_outputs",
     "create_critic_endpoint_mask",
     "endpoints_to_group_ids",
+    "explained_variance",
     "find_group_endpoints",
     "update_threshold",
 ]
@@ -53,14 +58,14 @@ class GroupPPOOutputs:
 
     Attributes:
         advantages: per-token advantages (group advantage broadcast, normalised per ``adv_norm``).
-        returns: segment lambda-returns ``X + V``: the critic's targets (never normalised).
+        returns: segment lambda-returns ``X + V`` with ``critic_lam``: the critic's targets (never normalised).
         group_ids: long, 1-based group index within each response.
         endpoint_mask: bool, True at each group's last valid token.
         critic_mask: float 0/1, one 1 per group at its value slot (the group's first valid token).
-        critic_loss_weights: float, ``N_valid / N_boundary`` at critic-mask positions (spec Step 7).
+        critic_loss_weights: float, ``N_valid / N_boundary`` at critic-mask positions (step 7).
         threshold: the variance threshold tau used for this batch.
-        boundary_explained_variance: 1 - Var(returns - values) / Var(returns) at critic-mask positions
-            (NaN for a batch with no valid token).
+        boundary_explained_variance: :func:`explained_variance` at the critic-mask positions (NaN without any).
+        mean_group_size: valid tokens per group over the batch (NaN without any group).
         metrics: ``group/*`` scalars for the logger.
     """
 
@@ -72,6 +77,7 @@ class GroupPPOOutputs:
     critic_loss_weights: torch.Tensor
     threshold: float
     boundary_explained_variance: float
+    mean_group_size: float
     metrics: dict[str, float] = field(default_factory=dict)
 
 
@@ -79,6 +85,7 @@ class GroupPPOOutputs:
 def compute_group_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
+    *,
     values: Optional[torch.Tensor] = None,
     index: Optional[IndexLike] = None,
     config: Any = None,
@@ -93,8 +100,8 @@ def compute_group_advantage(
         response_mask: (B, T) 0/1 mask (bool, int or float); holes allowed.
         values: (B, T) float critic values; required (a ValueError names it when missing).
         index: (B,) prompt ids (verl's ``uid``); required for ``adv_norm='prompt'``.
-        config: verl's algorithm config (DictConfig, dict or AlgoConfig) with ``gamma``, ``lam``,
-            ``norm_adv_by_std_in_grpo`` and ``group_params``; missing keys take defaults.
+        config: verl's algorithm config (DictConfig, dict, AlgoConfig or :class:`AlgorithmSettings`) with
+            ``gamma``, ``lam``, ``norm_adv_by_std_in_grpo`` and ``group_params``; missing keys take defaults.
         old_log_probs: (B, T) old-policy log-probs; required for ``boundary_rule='low_prob'``.
         threshold: current variance threshold tau; None uses ``group_params.group_variance_threshold``.
         **kwargs: ignored (verl passes extra fields such as ``reward_baselines``).
@@ -102,43 +109,76 @@ def compute_group_advantage(
     Returns:
         (advantages, returns), both (B, T) in float32 (float64 when an input is float64), 0 at masked positions.
     """
-    return _run(token_level_rewards, response_mask, values, index, config, old_log_probs, threshold, rich=False)
+    settings = read_algorithm_settings(config)
+    batch = _prepare(token_level_rewards, response_mask, values, index, old_log_probs, settings.group)
+    segments = _segment_advantages(batch, settings, _resolve_threshold(threshold, settings.group))
+    return segments.advantages, segments.returns
 
 
 @torch.no_grad()
 def compute_group_ppo_outputs(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
-    values: Optional[torch.Tensor],
+    *,
+    values: torch.Tensor,
+    settings: AlgorithmSettings,
     index: Optional[IndexLike] = None,
-    config: Any = None,
     old_log_probs: Optional[torch.Tensor] = None,
     threshold: Optional[float] = None,
 ) -> GroupPPOOutputs:
     """One pass giving advantages, returns, groups, critic mask and weights, and ``group/*`` metrics.
 
-    Same arguments as :func:`compute_group_advantage`. The threshold is not updated here: feed
-    ``boundary_explained_variance`` to :meth:`ThresholdState.update` (spec Step 6).
+    Tensors as in :func:`compute_group_advantage`; ``settings`` from
+    :func:`~verl_group_ppo.config.read_algorithm_settings`. The threshold is not updated here: hand the
+    outputs to :meth:`AdaptiveThreshold.update` (step 6).
     """
-    return _run(token_level_rewards, response_mask, values, index, config, old_log_probs, threshold, rich=True)
+    if not isinstance(settings, AlgorithmSettings):
+        raise ValueError(f"settings must be an AlgorithmSettings (read_algorithm_settings(config)), "
+                         f"got {type(settings).__name__}")
+    batch = _prepare(token_level_rewards, response_mask, values, index, old_log_probs, settings.group)
+    tau = _resolve_threshold(threshold, settings.group)
+    segments = _segment_advantages(batch, settings, tau)
+    endpoint_mask = _to_batch_major(segments.ends_tm & batch.valid_tm)
+    group_ids = endpoints_to_group_ids(endpoint_mask, batch.valid_bt)
+    critic_mask = create_critic_endpoint_mask(batch.valid_bt, group_ids).to(segments.advantages.dtype)
+    first = torch.nonzero(critic_mask.reshape(-1)).squeeze(1)  # each group's slot, row by row
+    sizes = torch.nonzero(endpoint_mask.reshape(-1)).squeeze(1) - first + 1  # groups never span a hole
+    mean_size = batch.n_valid / len(sizes) if len(sizes) else math.nan
+    ev = _explained_variance_at(segments.returns, values, first, settings.group.group_epsilon)
+    metrics = _group_metrics(settings, batch, segments.advantages, sizes, tau, ev)
+    if old_log_probs is not None and settings.group.boundary_rule == "low_prob":
+        metrics.update(_probability_metrics(old_log_probs, batch.valid_bt, endpoint_mask, critic_mask.bool()))
+    return GroupPPOOutputs(
+        advantages=segments.advantages,
+        returns=segments.returns,
+        group_ids=group_ids,
+        endpoint_mask=endpoint_mask,
+        critic_mask=critic_mask,
+        critic_loss_weights=critic_mask * (batch.n_valid / len(sizes)) if len(sizes) else critic_mask.clone(),
+        threshold=tau,
+        boundary_explained_variance=ev,
+        mean_group_size=mean_size,
+        metrics=metrics,
+    )
 
 
 @torch.no_grad()
 def find_group_endpoints(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
+    *,
     values: Optional[torch.Tensor] = None,
+    old_log_probs: Optional[torch.Tensor] = None,
     gamma: float = 1.0,
     threshold: float = 1.0,
     group_max_size: int = 16,
     group_epsilon: float = 1e-6,
     boundary_rule: str = "variance",
-    old_log_probs: Optional[torch.Tensor] = None,
     low_prob_threshold: float = 0.9,
 ) -> torch.Tensor:
-    """Group endpoints (spec Step 2): bool (B, T), True at the last valid token of every group.
+    """Group endpoints (step 2): bool (B, T), True at the last valid token of every group.
 
-    Rules: ``variance`` (Algorithm 2: a running budget of normalised squared TD residuals
+    Rules: ``variance`` (a running budget of normalised squared TD residuals
     ``z = delta^2 / (mean(delta^2) + eps)`` ends a group once it reaches ``threshold``), ``fixed`` (every
     ``group_max_size`` valid tokens) and ``low_prob`` (a group starts at each token whose old-policy
     probability is below ``low_prob_threshold``). Under every rule a group ends at ``group_max_size``
@@ -152,18 +192,17 @@ def find_group_endpoints(
     params = GroupParams(group_variance_threshold=threshold, group_max_size=group_max_size,
                          group_epsilon=group_epsilon, boundary_rule=boundary_rule,
                          low_prob_threshold=low_prob_threshold, adaptive_threshold=False)
-    settings = AlgorithmSettings(gamma=gamma, lam=1.0, group=params)
     if values is None:
         if boundary_rule == "variance":
             raise ValueError("values is required by boundary_rule='variance'")
         values = torch.zeros_like(token_level_rewards)
-    batch = _prepare(token_level_rewards, response_mask, values, None, old_log_probs, settings)
-    ends = _group_ends(_td_residuals(batch, gamma), batch, settings.group, threshold)
+    batch = _prepare(token_level_rewards, response_mask, values, None, old_log_probs, params)
+    ends = _group_ends(_td_residuals(batch, gamma), batch, params, threshold)
     return _to_batch_major(ends & batch.valid_tm)
 
 
 def endpoints_to_group_ids(endpoints: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-    """Group ids (spec Step 3): long (B, T), 1-based group index at valid positions, 0 at masked ones.
+    """Group ids (step 3): long (B, T), 1-based group index at valid positions, 0 at masked ones.
 
     A group starts at a valid position whose previous position is masked, is an endpoint, or does not
     exist. ``endpoints`` (B, T) bool must be False at masked positions.
@@ -175,12 +214,14 @@ def endpoints_to_group_ids(endpoints: torch.Tensor, response_mask: torch.Tensor)
     endpoints = endpoints.bool()
     if bool((endpoints & ~valid).any()):
         raise ValueError("endpoints must be False at masked positions of response_mask")
-    starts = _group_starts((endpoints | ~valid).t(), valid.t()).t()
-    return torch.cumsum(starts, dim=1).mul_(valid)
+    after_end = torch.ones_like(valid)  # position t follows an endpoint or a masked position (or is the first)
+    torch.logical_or(endpoints[:, :-1], ~valid[:, :-1], out=after_end[:, 1:])
+    starts = after_end.logical_and_(valid)
+    return torch.cumsum(starts, dim=1, dtype=torch.int32).masked_fill_(~valid, 0).long()
 
 
 def create_critic_endpoint_mask(response_mask: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
-    """Critic boundary mask (spec Step 5): (B, T) 0/1 with exactly one 1 per group.
+    """Critic boundary mask (step 5): (B, T) 0/1 with exactly one 1 per group.
 
     The 1 sits at the group's *first* valid position. Why not at its last token, as the original design
     notes put it: verl's ``values[b, t]`` is the critic's value of the state before response token t, and
@@ -199,57 +240,73 @@ def create_critic_endpoint_mask(response_mask: torch.Tensor, group_ids: torch.Te
     if group_ids.shape != valid.shape:
         raise ValueError(f"group_ids must have the shape of response_mask {tuple(valid.shape)}, "
                          f"got {tuple(group_ids.shape)}")
-    previous = torch.nn.functional.pad(group_ids[:, :-1], (1, 0), value=0)
-    first = valid & (group_ids != previous) & (group_ids > 0)
+    first = valid.clone()  # a valid position whose group id differs from its left neighbour's
+    first[:, 1:].logical_and_(group_ids[:, 1:] != group_ids[:, :-1])
     dtype = response_mask.dtype if response_mask.is_floating_point() else torch.float32
     return first.to(dtype)
 
 
-def boundary_explained_variance(
-    returns: torch.Tensor, values: torch.Tensor, critic_mask: torch.Tensor, eps: float = 1e-6
-) -> float:
-    """Explained variance of the critic at its boundary slots (spec Step 6).
+def explained_variance(returns: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, *, eps: float = 1e-6) -> float:
+    """How much of the returns' variance the critic explains, over the positions where ``mask`` is 1.
 
-    ``ev = 1 - Var(returns - values) / (Var(returns) + eps)`` with population variances over the
-    positions where ``critic_mask`` is 1, clipped to [-1, 1]. NaN when the mask selects nothing.
-    All tensors (B, T).
+    ``ev = 1 - Var(returns - values) / (Var(returns) + eps)`` with population variances (in float64),
+    clipped to [-1, 1]; NaN when the mask selects nothing. All tensors (B, T). With the critic mask this
+    is the boundary explained variance of step 6; with the response mask, verl's ``vf_explained_var``.
     """
-    sel = critic_mask.bool()
-    return _explained_variance(returns[sel] - values[sel], returns[sel], eps)
+    return _explained_variance_at(returns, values, torch.nonzero(mask.reshape(-1)).squeeze(1), eps)
 
 
-def update_threshold(threshold: float, explained_variance: float, params: GroupParams) -> float:
-    """One adaptive-threshold step (spec Step 6), pure.
+def update_threshold(threshold: float, *, params: GroupParams, explained_variance: float = math.nan,
+                     mean_group_size: float = math.nan) -> float:
+    """One adaptive-threshold step (step 6 and its version-2 target), pure; the rule lives here only.
 
-    ``tau <- clip(tau * exp(threshold_lr * (target_explained_variance - ev)), min_threshold, max_threshold)``
-    with ``ev`` clipped to [-1, 1]. A NaN ``ev`` (a batch without valid tokens) leaves tau unchanged.
-    A low ev (poor critic) grows tau, hence groups (toward GRPO); a high ev shrinks them (toward PPO).
+    ``adaptive_target='explained_variance'``:
+    ``tau <- clip(tau * exp(threshold_lr * (target_explained_variance - ev)), min, max)``, ev clipped to
+    [-1, 1]; a low ev (poor critic) grows tau, hence groups (toward GRPO), a high ev shrinks them.
+    ``adaptive_target='group_size'``: ``tau <- clip(tau * (target_group_size / m) ** threshold_lr, min, max)``
+    with ``m`` the batch's mean group size: larger groups than the target shrink tau, smaller grow it.
+    A NaN input (a batch without valid tokens or groups) leaves tau unchanged.
     """
-    if math.isnan(explained_variance):
-        return float(threshold)
-    ev = min(1.0, max(-1.0, float(explained_variance)))
-    tau = float(threshold) * math.exp(params.threshold_lr * (params.target_explained_variance - ev))
+    if params.adaptive_target == "group_size":
+        if math.isnan(mean_group_size) or mean_group_size <= 0:
+            return float(threshold)
+        tau = float(threshold) * (params.target_group_size / mean_group_size) ** params.threshold_lr
+    else:
+        if math.isnan(explained_variance):
+            return float(threshold)
+        ev = min(1.0, max(-1.0, float(explained_variance)))
+        tau = float(threshold) * math.exp(params.threshold_lr * (params.target_explained_variance - ev))
     return min(params.max_threshold, max(params.min_threshold, tau))
 
 
-@dataclass
-class ThresholdState:
-    """The adaptive variance threshold tau: training state, logged each step and checkpointed."""
+class AdaptiveThreshold:
+    """The variance threshold tau as training state: it owns its settings and its update rule (the shape of
+    verl's ``AdaptiveKLController``). Logged every step, saved and restored with checkpoints.
 
-    value: float
+    Example::
 
-    def __post_init__(self) -> None:
-        self.value = _check_threshold(self.value, "ThresholdState.value")
+        threshold = AdaptiveThreshold(settings.group)
+        out = compute_group_ppo_outputs(..., settings=settings, threshold=threshold.value)
+        threshold.update(out)        # tau for the next batch
+    """
 
-    @classmethod
-    def from_params(cls, params: GroupParams) -> "ThresholdState":
-        """Start from ``group_params.group_variance_threshold``."""
-        return cls(float(params.group_variance_threshold))
+    def __init__(self, params: GroupParams) -> None:
+        if not isinstance(params, GroupParams):
+            raise ValueError(f"params must be a GroupParams, got {type(params).__name__}")
+        self.params = params
+        self.value = check_threshold(params.group_variance_threshold, "group_variance_threshold")
 
-    def update(self, explained_variance: float, params: GroupParams) -> float:
-        """Apply :func:`update_threshold` when adaptation applies (``variance`` rule, adaptation on)."""
-        if params.adaptive_threshold and params.boundary_rule == "variance":
-            self.value = update_threshold(self.value, explained_variance, params)
+    @property
+    def adapts(self) -> bool:
+        """Whether tau moves: adaptation on and the ``variance`` rule (the other rules do not read tau)."""
+        return self.params.adaptive_threshold and self.params.boundary_rule == "variance"
+
+    def update(self, outputs: GroupPPOOutputs) -> float:
+        """Apply :func:`update_threshold` with this batch's outputs when :attr:`adapts`; returns the new tau."""
+        if self.adapts:
+            self.value = update_threshold(self.value, params=self.params,
+                                          explained_variance=outputs.boundary_explained_variance,
+                                          mean_group_size=outputs.mean_group_size)
         return self.value
 
     def state_dict(self) -> dict[str, float]:
@@ -258,11 +315,11 @@ class ThresholdState:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if not isinstance(state, dict) or "threshold" not in state:
             raise ValueError(f"state must be a dict with key 'threshold', got {state!r}")
-        self.value = _check_threshold(state["threshold"], "state['threshold']")
+        self.value = check_threshold(state["threshold"], "state['threshold']")
 
 
 # ==================================================================================================
-# the pipeline
+# the pipeline (steps 1-6, in time-major buffers)
 
 
 @dataclass
@@ -284,19 +341,12 @@ class _Batch:
 
 
 @dataclass
-class _Pass:
-    """Results of one advantage pass, time-major internals kept for the rich outputs."""
+class _Segments:
+    """The two results of steps 1-6, batch-major, and the group ends (time-major) they were cut at."""
 
     advantages: torch.Tensor  # (B, T)
     returns: torch.Tensor  # (B, T)
-    starts_tm: torch.Tensor  # (T, B) bool group starts (= critic slots)
     ends_tm: torch.Tensor  # (T, B) bool: group endpoints, and every masked position
-    valid_bt: torch.Tensor  # (B, T) bool
-    valid_tm: torch.Tensor  # (T, B) bool
-    groups: Optional["_Groups"]  # where each group starts (rich pass or adv_norm='prompt')
-    n_valid: int
-    threshold: float
-    explained_variance: float
 
 
 @dataclass
@@ -309,62 +359,35 @@ class _Groups:
     advantage: torch.Tensor  # (G,)
 
 
-def _run(rewards, response_mask, values, index, config, old_log_probs, threshold, rich: bool):
-    """compute_group_advantage (rich=False: (advantages, returns)) or compute_group_ppo_outputs (rich=True)."""
-    p = _advantage_pass(rewards, response_mask, values, index, config, old_log_probs, threshold,
-                        with_explained_variance=rich)
-    if not rich:
-        return p.advantages, p.returns
-    starts_bt = p.starts_tm.t().contiguous()
-    critic_mask = starts_bt.to(p.advantages.dtype)
-    n_groups = len(p.groups.flat_tm)
-    weights = critic_mask * (p.n_valid / n_groups) if n_groups else torch.zeros_like(critic_mask)
-    valid_bt = p.valid_bt.contiguous()
-    group_ids = torch.cumsum(starts_bt, dim=1, dtype=torch.int32).to(torch.long).masked_fill_(~valid_bt, 0)
-    return GroupPPOOutputs(
-        advantages=p.advantages,
-        returns=p.returns,
-        group_ids=group_ids,
-        endpoint_mask=_to_batch_major(p.ends_tm & p.valid_tm),
-        critic_mask=critic_mask,
-        critic_loss_weights=weights,
-        threshold=p.threshold,
-        boundary_explained_variance=p.explained_variance,
-        metrics=_group_metrics(p.starts_tm, p.valid_tm, p.advantages, p.n_valid, p.threshold, p.explained_variance),
-    )
+def _resolve_threshold(threshold: Optional[float], params: GroupParams) -> float:
+    """The tau of this call: ``threshold`` when given, else the configured starting value."""
+    return check_threshold(params.group_variance_threshold if threshold is None else threshold, "threshold")
 
 
-def _advantage_pass(rewards, response_mask, values, index, config, old_log_probs, threshold,
-                    with_explained_variance: bool) -> _Pass:
-    """Steps 1-6 of the spec (without the threshold update), in time-major buffers."""
-    settings = read_algorithm_settings(config)
-    params = settings.group
-    tau = _check_threshold(params.group_variance_threshold if threshold is None else threshold, "threshold")
-    if values is None:
-        raise ValueError("values is required by group_ppo: the critic's values (B, T) for every response token")
-    batch = _prepare(rewards, response_mask, values, index, old_log_probs, settings)
-
-    x = _td_residuals(batch, settings.gamma)  # Step 1, a fresh buffer
-    ends = _group_ends(x, batch, params, tau)  # Step 2
-    starts = _group_starts(ends, batch.valid_tm)  # Step 3 (ids) / Step 5 (critic slots)
-    _segment_gae_(x, ends, batch.invalid_tm, settings.gamma, settings.lam)  # Step 4: x becomes X
-    returns = torch.add(x, batch.values_tm, out=batch.rewards_tm)  # rewards are no longer needed
+def _segment_advantages(batch: _Batch, settings: AlgorithmSettings, tau: float) -> _Segments:
+    """Steps 1, 2, 4 and 6: advantages (with ``policy_lam``) and returns (with ``critic_lam``)."""
+    gamma, params = settings.gamma, settings.group
+    x = _td_residuals(batch, gamma)  # step 1, a fresh buffer
+    ends = _group_ends(x, batch, params, tau)  # step 2
+    starts = _group_starts(ends, batch.valid_tm)  # group starts (= critic slots)
+    x_critic = x if settings.critic_lam == settings.policy_lam else x.clone()
+    _segment_gae_(x, ends, batch.invalid_tm, gamma, settings.policy_lam)  # step 4: x becomes X
+    if x_critic is not x:
+        _segment_gae_(x_critic, ends, batch.invalid_tm, gamma, settings.critic_lam)
+    returns = torch.add(x_critic, batch.values_tm, out=batch.rewards_tm)  # rewards are no longer needed
     returns = _to_batch_major(returns.masked_fill_(batch.invalid_tm, 0.0))
-    ev, groups = float("nan"), None
-    if with_explained_variance or params.adv_norm == "prompt":
-        groups = _locate_groups(starts, x)
-    if with_explained_variance:
-        values_at_starts = batch.values_tm.view(-1)[groups.flat_tm]
-        ev = _explained_variance(groups.advantage, groups.advantage + values_at_starts, params.group_epsilon)
+    groups = _locate_groups(starts, x) if params.adv_norm == "prompt" else None
     _broadcast_from_starts_(x, starts)  # A_k to every token of group k
     x.masked_fill_(batch.invalid_tm, 0.0)
     _normalize_advantages_(x, batch.invalid_tm, batch.n_valid, groups, batch.index, params.adv_norm,
-                           settings.norm_adv_by_std_in_grpo, params.group_epsilon)  # Step 6
-    return _Pass(_to_batch_major(x), returns, starts, ends, batch.valid_bt, batch.valid_tm, groups, batch.n_valid, tau, ev)
+                           settings.norm_adv_by_std_in_grpo, params.group_epsilon)  # step 6
+    return _Segments(_to_batch_major(x), returns, ends)
 
 
-def _prepare(rewards, response_mask, values, index, old_log_probs, settings: AlgorithmSettings) -> _Batch:
+def _prepare(rewards, response_mask, values, index, old_log_probs, params: GroupParams) -> _Batch:
     """Validate the inputs' types and shapes and copy them into time-major buffers."""
+    if values is None:
+        raise ValueError("values is required by group_ppo: the critic's values (B, T) for every response token")
     valid = _check_mask(response_mask, "response_mask")
     shape = tuple(valid.shape)
     _check_float(rewards, "token_level_rewards", shape, response_mask.device)
@@ -374,7 +397,7 @@ def _prepare(rewards, response_mask, values, index, old_log_probs, settings: Alg
     dtype = torch.float64 if torch.float64 in (rewards.dtype, values.dtype) else torch.float32
     valid_tm = valid.t().contiguous()
     old_tm = None
-    if settings.group.boundary_rule == "low_prob":
+    if params.boundary_rule == "low_prob":
         if old_log_probs is None:
             raise ValueError("old_log_probs is required by boundary_rule='low_prob'")
         old_tm = _time_major(old_log_probs, dtype).masked_fill_(~valid_tm, 0.0)
@@ -382,14 +405,14 @@ def _prepare(rewards, response_mask, values, index, old_log_probs, settings: Alg
     ids = None
     if index is not None:
         ids = _index_ids(index, shape[0])
-    elif settings.group.adv_norm == "prompt":
+    elif params.adv_norm == "prompt":
         raise ValueError("index (the prompt uid of each response) is required by adv_norm='prompt'")
     return _Batch(valid, valid_tm, ~valid_tm, _time_major(rewards, dtype), _time_major(values, dtype), old_tm, ids,
                   int(torch.count_nonzero(valid_tm)))
 
 
 def _td_residuals(batch: _Batch, gamma: float) -> torch.Tensor:
-    """TD residuals (spec Step 1), (T, B), in a new buffer, 0 at masked positions.
+    """TD residuals (step 1), (T, B), in a new buffer, 0 at masked positions.
 
     ``delta_i = r[p_i] + gamma * V[p_{i+1}] - V[p_i]`` over valid positions p_i, V after the last valid
     position = 0. ``V[p_{i+1}]``, the value at the next valid position (across holes too), comes from a
@@ -413,7 +436,7 @@ def _td_residuals(batch: _Batch, gamma: float) -> torch.Tensor:
 
 
 def _group_ends(delta_tm: torch.Tensor, batch: _Batch, params: GroupParams, tau: float) -> torch.Tensor:
-    """Group ends in time-major layout: bool (T, B), True at every endpoint (spec Step 2) *and* at every
+    """Group ends in time-major layout: bool (T, B), True at every endpoint (step 2) *and* at every
     masked position (so a group starts right after any True).
 
     The variance budget ``sum z_i >= tau`` with ``z_i = delta_i^2 / (sigma2 + eps)`` is evaluated as
@@ -477,7 +500,7 @@ def _group_starts(ends_tm: torch.Tensor, valid_tm: torch.Tensor) -> torch.Tensor
 
 def _segment_gae_(x: torch.Tensor, ends_tm: torch.Tensor, invalid_tm: torch.Tensor, gamma: float,
                   lam: float) -> None:
-    """Segment GAE (spec Step 4), in place: TD residuals ``x`` (T, B) become ``X``.
+    """Segment GAE (step 4), in place: TD residuals ``x`` (T, B) become ``X``.
 
     ``X_i = delta_i + gamma * (lam if i is an endpoint else 1) * X_{i+1}`` backward over valid positions,
     X after the last = 0; masked positions pass X through unchanged (their delta is 0, factor 1).
@@ -502,7 +525,7 @@ def _broadcast_from_starts_(x: torch.Tensor, starts_tm: torch.Tensor) -> None:
 
 def _normalize_advantages_(x, invalid_tm, n_valid: int, groups: Optional[_Groups], index: Optional[np.ndarray], mode: str,
                            norm_by_std: bool, eps: float) -> None:
-    """Spec Step 6 normalisation, in place on the broadcast advantages ``x`` (T, B), 0 at masked positions.
+    """Step 6 normalisation, in place on the broadcast advantages ``x`` (T, B), 0 at masked positions.
 
     ``batch``: verl's ``masked_whiten`` over valid tokens (mean = sum / (n + 1e-8), Bessel-corrected
     variance, ``(x - mean) * rsqrt(var + 1e-8)``), skipped with fewer than 2 valid tokens.
@@ -542,54 +565,77 @@ def _locate_groups(starts_tm: torch.Tensor, x_tm: torch.Tensor) -> _Groups:
     return _Groups(flat, flat % starts_tm.shape[1], x_tm.view(-1)[flat])
 
 
-def _explained_variance(error: torch.Tensor, returns: torch.Tensor, eps: float) -> float:
-    """``1 - Var(error) / (Var(returns) + eps)`` (population variances, float64), clipped to [-1, 1]; NaN if empty."""
-    if error.numel() == 0:
+def _explained_variance_at(returns: torch.Tensor, values: torch.Tensor, flat_index: torch.Tensor,
+                           eps: float) -> float:
+    """:func:`explained_variance` over the (B, T) positions whose flattened indices are ``flat_index`` (G,)."""
+    if flat_index.numel() == 0:
         return float("nan")
-    ev = 1.0 - error.double().var(correction=0) / (returns.double().var(correction=0) + eps)
+    target = returns.reshape(-1)[flat_index].double()
+    error = target - values.reshape(-1)[flat_index].double()
+    ev = 1.0 - error.var(correction=0) / (target.var(correction=0) + eps)
     return float(ev.clamp(-1.0, 1.0))
 
 
-def _group_metrics(starts_tm: torch.Tensor, valid_tm: torch.Tensor, advantages: torch.Tensor, n_valid: int,
+def _integer_quantiles(x: torch.Tensor, qs: Sequence[float]) -> list[float]:
+    """``torch.quantile(x, qs)`` (linear interpolation) for a non-empty (N,) tensor of small non-negative
+    integers, through a histogram instead of a sort."""
+    cumulative = torch.cumsum(torch.bincount(x), 0)
+    n = int(cumulative[-1])
+    out = []
+    for q in qs:
+        rank = q * (n - 1)
+        low, high = (torch.searchsorted(cumulative, torch.tensor([math.floor(rank), math.ceil(rank)]), right=True)
+                     .tolist())
+        out.append(low + (high - low) * (rank - math.floor(rank)))
+    return out
+
+
+def _group_metrics(settings: AlgorithmSettings, batch: _Batch, advantages: torch.Tensor, sizes: torch.Tensor,
                    tau: float, ev: float) -> dict[str, float]:
-    """The spec's ``group/*`` metrics. ``advantages`` (B, T) is 0 at masked positions."""
-    n_groups = int(torch.count_nonzero(starts_tm))
-    n_responses = int(torch.count_nonzero(valid_tm.any(dim=0)))
+    """The ``group/*`` metrics (docs/configuration.md lists them). ``advantages`` (B, T), 0 at masked positions."""
+    n_valid, n_groups = batch.n_valid, len(sizes)
+    n_responses = int(torch.count_nonzero(batch.valid_bt.any(dim=1)))
+    quantiles = _integer_quantiles(sizes, (0.5, 0.9)) if n_groups else [0.0, 0.0]
     metrics = {
         "group/num_groups": float(n_groups),
         "group/mean_group_size": n_valid / n_groups if n_groups else 0.0,
-        "group/max_group_size": float(_max_group_size(starts_tm, valid_tm)),
+        "group/max_group_size": float(sizes.max()) if n_groups else 0.0,
+        "group/size_p50": quantiles[0],
+        "group/size_p90": quantiles[1],
         "group/groups_per_response": n_groups / n_responses if n_responses else 0.0,
         "group/compression_ratio": 1.0 - n_groups / n_valid if n_valid else 0.0,
         "group/threshold": float(tau),
         "group/boundary_explained_variance": ev,
-        "group/advantage_mean": 0.0,
-        "group/advantage_std": 0.0,
-        "group/advantage_min": 0.0,
-        "group/advantage_max": 0.0,
+        "group/policy_lam": settings.policy_lam,
+        "group/critic_lam": settings.critic_lam,
     }
-    if n_valid:
-        total = float(advantages.sum(dtype=torch.float64))
-        squares = _sum_of_squares(advantages)
-        mean = total / n_valid
-        low, high = _min_max_at(advantages, valid_tm.t(), n_valid)
-        metrics.update({"group/advantage_mean": mean, "group/advantage_std": max(squares / n_valid - mean**2, 0.0) ** 0.5,
-                        "group/advantage_min": low, "group/advantage_max": high})
+    metrics.update(_advantage_metrics(advantages, batch.valid_bt, n_valid))
     return metrics
 
 
-def _max_group_size(starts_tm: torch.Tensor, valid_tm: torch.Tensor) -> int:
-    """Most valid tokens in one group: a forward pass counting tokens since the last group start."""
-    T, B = starts_tm.shape
-    count = torch.zeros((B,), dtype=torch.int32, device=starts_tm.device)
-    most = torch.zeros_like(count)
-    not_start = ~starts_tm
-    xp, (count_, most_, not_start_, valid_) = _array_backend(count, most, not_start, valid_tm)
-    for t in range(T):
-        xp.multiply(count_, not_start_[t], out=count_)
-        xp.add(count_, valid_[t], out=count_)
-        xp.maximum(most_, count_, out=most_)
-    return int(most.max()) if B else 0
+def _advantage_metrics(advantages: torch.Tensor, valid: torch.Tensor, n_valid: int) -> dict[str, float]:
+    """Mean, std, min and max of the advantages over valid positions (0 each for an empty batch)."""
+    if not n_valid:
+        return {f"group/advantage_{k}": 0.0 for k in ("mean", "std", "min", "max")}
+    mean = float(advantages.sum(dtype=torch.float64)) / n_valid
+    std = max(_sum_of_squares(advantages) / n_valid - mean**2, 0.0) ** 0.5
+    low, high = _min_max_at(advantages, valid, n_valid)
+    return {"group/advantage_mean": mean, "group/advantage_std": std, "group/advantage_min": low,
+            "group/advantage_max": high}
+
+
+def _probability_metrics(old_log_probs: torch.Tensor, valid: torch.Tensor, endpoints: torch.Tensor,
+                         starts: torch.Tensor) -> dict[str, float]:
+    """Mean old-policy probability at group endpoints, at group starts, and at the other valid tokens
+    (for rules that read old log-probs). All arguments (B, T); NaN for an empty selection."""
+    probs = old_log_probs.double().exp()
+
+    def mean_at(sel: torch.Tensor) -> float:
+        return float(probs[sel].mean()) if bool(sel.any()) else math.nan
+
+    return {"group/prob_at_endpoints": mean_at(endpoints),
+            "group/prob_at_group_starts": mean_at(starts),
+            "group/prob_elsewhere": mean_at(valid & ~endpoints & ~starts)}
 
 
 def _min_max_at(x: torch.Tensor, valid: torch.Tensor, n_valid: int) -> tuple[float, float]:
@@ -659,12 +705,6 @@ def _index_ids(index: IndexLike, batch_size: int) -> np.ndarray:
     except TypeError as err:
         raise ValueError(f"index must hold comparable prompt ids (all str or all int): {err}") from None
     return inverse.reshape(-1).astype(np.int64)
-
-
-def _check_threshold(value: Any, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or value < 0:
-        raise ValueError(f"{name} (the variance threshold tau) must be a number >= 0, got {value!r}")
-    return float(value)
 
 
 def _sum_of_squares(x: torch.Tensor) -> float:
