@@ -1,0 +1,137 @@
+"""The house rules of the package (docs/architecture.md): short functions, no import cycle, a pure core.
+
+Read from the source with ``ast``, so run-time imports inside functions count as much as top-level ones.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "verl_group_ppo"
+MAX_FUNCTION_LINES = 60
+CORE_MODULES = ("verl_group_ppo.core_algos", "verl_group_ppo.config")
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _sources() -> dict[str, ast.Module]:
+    return {_module_name(p): ast.parse(p.read_text(), str(p)) for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _imported_modules(name: str, tree: ast.Module, known: set[str]) -> set[str]:
+    """Our modules that ``name`` imports anywhere in its source (top level or inside functions)."""
+    package = name if any(k.startswith(name + ".") for k in known) else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            targets = [base] + [f"{base}.{alias.name}" for alias in node.names]
+        elif (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) == "import_module"
+              and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+            targets = [node.args[0].value]  # importlib.import_module("verl_group_ppo....")
+        for target in targets:
+            while target and target not in known:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                found.add(target)
+    return found
+
+
+def _import_graph() -> dict[str, set[str]]:
+    sources = _sources()
+    known = set(sources)
+    return {name: _imported_modules(name, tree, known) for name, tree in sources.items()}
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One import cycle as a list of module names, or [] when the graph has none."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str]:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        stack.pop()
+        state[node] = 2
+        return []
+
+    for node in sorted(graph):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return []
+
+
+def _parents_of_package(name: str) -> set[str]:
+    """A package imports its parents implicitly; those edges are not cycles of ours."""
+    parts = name.split(".")
+    return {".".join(parts[:i]) for i in range(1, len(parts))}
+
+
+def test_no_import_cycle_including_run_time_imports():
+    graph = {name: {t for t in targets if t not in _parents_of_package(name)} for name, targets in _import_graph().items()}
+    assert _cycle(graph) == []
+
+
+def test_cycle_finder_finds_a_cycle():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) == []
+
+
+def test_run_time_imports_are_seen():
+    tree = ast.parse("def f():\n    import importlib\n    importlib.import_module('verl_group_ppo.x')\n"
+                     "    from verl_group_ppo import y\n")
+    assert _imported_modules("verl_group_ppo.z", tree, {"verl_group_ppo.x", "verl_group_ppo.y",
+                                                        "verl_group_ppo.z"}) == {"verl_group_ppo.x", "verl_group_ppo.y"}
+
+
+def test_core_imports_no_glue_demo_or_verl_trainer():
+    for name in CORE_MODULES:
+        tree = _sources()[name]
+        imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+        imported |= {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+        ours = {m for m in imported if m.startswith("verl_group_ppo")}
+        assert ours <= set(CORE_MODULES), f"{name} imports {ours - set(CORE_MODULES)}"
+        assert not any(m == "verl" or m.startswith("verl.") for m in imported), f"{name} imports verl"
+
+
+def _long_functions() -> list[str]:
+    found = []
+    for name, tree in _sources().items():
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    found.append(f"{name}.{node.name} ({length} lines)")
+    return found
+
+
+def test_no_function_over_60_lines():
+    assert _long_functions() == []
+
+
+@pytest.mark.parametrize("name", ["compute_group_advantage", "find_group_endpoints", "create_critic_endpoint_mask"])
+def test_mission_names_stay_importable(name):
+    import verl_group_ppo.core_algos as core
+
+    assert callable(getattr(core, name))
