@@ -9,13 +9,15 @@ import json
 import math
 import random
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("reasoning_gym")
 
 from verl_group_ppo.demo import main  # noqa: E402
-from verl_group_ppo.demo.rl import ESTIMATORS, RunConfig, run_one  # noqa: E402
+from verl_group_ppo.demo.arms import ARMS  # noqa: E402
+from verl_group_ppo.demo.rl import RunConfig, run_one  # noqa: E402
 from verl_group_ppo.demo.tasks import ChainSumTask, ModChainTask, extract_answer, make_task, split_problems  # noqa: E402
 from verl_group_ppo.demo.tokenizer import CharTokenizer  # noqa: E402
 from verl_group_ppo.demo.warmstart import train_warmstart  # noqa: E402
@@ -132,7 +134,7 @@ def tiny_setup():
     return task, tok, train, evals, init, cfg
 
 
-@pytest.mark.parametrize("estimator", ESTIMATORS)
+@pytest.mark.parametrize("estimator", list(ARMS))
 def test_each_estimator_runs_a_few_steps(tiny_setup, estimator):
     task, tok, train, evals, init, cfg = tiny_setup
     res = run_one(estimator, 0, cfg, task, tok, train, evals, init)
@@ -142,13 +144,13 @@ def test_each_estimator_runs_a_few_steps(tiny_setup, estimator):
     for rec in res["history"]:
         assert math.isfinite(rec["actor/pg_loss"])
         assert math.isfinite(rec["reward/mean"])
-        if estimator != "grpo":
+        if ARMS[estimator].needs_critic:
             assert math.isfinite(rec["critic/vf_loss"])
-        if estimator.startswith("group_ppo"):
+        if ARMS[estimator].uses_groups:
             for key in ("group/num_groups", "group/mean_group_size", "group/threshold",
                         "group/boundary_explained_variance", "group/compression_ratio"):
                 assert key in rec
-    if estimator.startswith("group_ppo"):
+    if ARMS[estimator].uses_groups:
         assert [s["step"] for s in res["group_samples"]] == [1, 3]
         row = res["group_samples"][0]["rows"][0]
         assert len(row["tokens"]) == len(row["group_ids"]) == len(row["advantages"])
@@ -172,6 +174,7 @@ def test_main_writes_all_outputs(tmp_path):
     out = tmp_path / "demo"
     rc = main(["--steps", "2", "--seeds", "1", "--warmstart-steps", "5", "--eval-size", "8", "--eval-samples", "1",
                "--prompts-per-step", "3", "--n-samples", "2", "--train-size", "200", "--workers", "1",
+               "--final-eval-size", "12",
                "--all-tokens-arm", "--no-progress", "--output-dir", str(out)])
     assert rc == 0
     for name in ("results.json", "summary.md", "learning_curves.png", "metrics.jsonl", "groups.html", "groups.png"):
@@ -181,8 +184,198 @@ def test_main_writes_all_outputs(tmp_path):
     assert ests == {"group_ppo", "gae", "grpo", "group_ppo_all_tokens"}
     for r in results["runs"]:
         assert set(r) >= {"estimator", "seed", "final_eval_accuracy", "steps", "curve"}
+        assert r["final_eval_samples"] == 12  # the final eval: --final-eval-size prompts x --eval-samples
+        assert r["curve_area"] == pytest.approx(np.mean([a for _, a in r["curve"]]))
+    assert len(results["summary"]["paired_differences"]) == 6  # every pair of the four arms
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert any("group/mean_group_size" in x for x in lines if x["estimator"] == "group_ppo")
     assert "| GROUP-PPO |" in (out / "summary.md").read_text()
     # the warm start is cached: a second run loads it
     assert list((out / "cache").glob("warmstart-*.pt"))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# arms, knobs (issue 10) and the report
+
+
+def test_one_record_per_arm():
+    from verl_group_ppo.demo.arms import ALL_TOKENS, BOUNDARIES, DEFAULT_ARMS, get_arm
+
+    assert set(DEFAULT_ARMS) <= set(ARMS)
+    assert len({a.label for a in ARMS.values()}) == len({a.color for a in ARMS.values()}) == len(ARMS)
+    for name, arm in ARMS.items():
+        assert arm.name == name
+        assert arm.critic_loss_on in (None, ALL_TOKENS, BOUNDARIES)
+        if arm.uses_groups:  # the arm's critic mode is the group_params key it fixes
+            assert arm.group_overrides() == {"critic_loss_on": arm.critic_loss_on}
+    assert not ARMS["grpo"].needs_critic and ARMS["gae_decoupled"].needs_critic
+    with pytest.raises(ValueError, match="unknown estimator 'ppo'"):
+        get_arm("ppo")
+
+
+def _gae_batch(seed=0, B=6, T=9):
+    g = torch.Generator().manual_seed(seed)
+    mask = torch.ones(B, T, dtype=torch.float64)
+    for b in range(B):
+        mask[b, int(torch.randint(2, T + 1, (1,), generator=g)):] = 0
+    rewards = torch.randn(B, T, generator=g, dtype=torch.float64) * mask
+    values = torch.randn(B, T, generator=g, dtype=torch.float64)
+    return rewards, values, mask
+
+
+@pytest.mark.parametrize("policy_lam, critic_lam", [(0.9, 1.0), (0.5, 0.95), (0.8, 0.8), (1.0, 0.0)])
+def test_gae_decoupled_arm_is_verl_gae_for_each_lambda(policy_lam, critic_lam):
+    from verl.trainer.ppo.core_algos import compute_gae_advantage_return
+
+    from verl_group_ppo.config import read_algorithm_settings
+    from verl_group_ppo.demo.arms import AdvantageInputs
+
+    rewards, values, mask = _gae_batch()
+    cfg = RunConfig(lam=0.3, group_params={"policy_lam": policy_lam, "critic_lam": critic_lam})
+    settings = read_algorithm_settings(cfg.algorithm_config("gae_decoupled"))
+    out = ARMS["gae_decoupled"].advantage(AdvantageInputs(rewards, mask, values, np.arange(6), rewards * 0,
+                                                          settings))
+    adv_p, ret_p = compute_gae_advantage_return(rewards, values, mask, gamma=1.0, lam=policy_lam)
+    _, ret_c = compute_gae_advantage_return(rewards, values, mask, gamma=1.0, lam=critic_lam)
+    on = mask.bool()
+    torch.testing.assert_close(out.advantages[on], adv_p[on])
+    torch.testing.assert_close(out.returns[on], ret_c[on])
+    if policy_lam != critic_lam:  # the returns really are the critic lambda's, not the policy lambda's
+        assert not torch.allclose(out.returns[on], ret_p[on])
+    assert out.metrics == {"gae/policy_lam": policy_lam, "gae/critic_lam": critic_lam}
+
+
+def test_gae_decoupled_arm_matches_group_ppo_with_one_token_groups():
+    """Spec V2.1: GROUP-PPO with group_max_size=1 is decoupled-lambda GAE; the two arms agree."""
+    from verl_group_ppo.config import read_algorithm_settings
+    from verl_group_ppo.core_algos import AdaptiveThreshold
+    from verl_group_ppo.demo.arms import AdvantageInputs
+
+    rewards, values, mask = _gae_batch(seed=3)
+    cfg = RunConfig(group_params={"policy_lam": 0.7, "critic_lam": 0.95, "group_max_size": 1,
+                                  "adaptive_threshold": False})
+    outs = {}
+    for name in ("gae_decoupled", "group_ppo"):
+        settings = read_algorithm_settings(cfg.algorithm_config(name))
+        outs[name] = ARMS[name].advantage(AdvantageInputs(rewards, mask, values, np.arange(6), rewards * 0,
+                                                          settings, AdaptiveThreshold(settings.group)))
+    on = mask.bool()
+    torch.testing.assert_close(outs["group_ppo"].returns[on], outs["gae_decoupled"].returns[on])
+    torch.testing.assert_close(outs["group_ppo"].advantages[on], outs["gae_decoupled"].advantages[on])
+
+
+def test_critic_warmup_updates_only_the_critic_and_the_threshold_still_adapts(tiny_setup):
+    import dataclasses
+
+    from verl_group_ppo.demo.rl import build_learner, train_step
+
+    task, tok, train, evals, init, cfg = tiny_setup
+    cfg = dataclasses.replace(cfg, critic_warmup=2).resolved(task)
+    for name in ("gae", "group_ppo"):
+        learner = build_learner(ARMS[name], 0, cfg, tok, init, "cpu")
+        with torch.no_grad():  # a non-zero value head: a critic loss with a gradient even when every reward is 0
+            learner.critic.score.weight.fill_(0.05)
+        actor0 = [p.detach().clone() for p in learner.policy.parameters()]
+        critic0 = [p.detach().clone() for p in learner.critic.parameters()]
+        tau0 = learner.threshold.value if learner.threshold is not None else None
+        for step in (1, 2):
+            rec, _, _ = train_step(learner, step, cfg, task, tok, train)
+            assert "actor/pg_loss" not in rec and math.isfinite(rec["critic/vf_loss"])
+        assert all(torch.equal(a, p) for a, p in zip(actor0, learner.policy.parameters()))
+        assert not all(torch.equal(c, p) for c, p in zip(critic0, learner.critic.parameters()))
+        if tau0 is not None:
+            assert rec["group/next_threshold"] != tau0  # the advantage step ran and tau adapted
+        rec, _, _ = train_step(learner, 3, cfg, task, tok, train)
+        assert math.isfinite(rec["actor/pg_loss"])
+        assert not all(torch.equal(a, p) for a, p in zip(actor0, learner.policy.parameters()))
+    with pytest.raises(ValueError, match="critic_warmup"):
+        RunConfig(steps=3, critic_warmup=3)
+
+
+@pytest.mark.parametrize("name, terms", [("chain_sum", (4, 5)), ("chain_sum", (10, 12)), ("chain_sum", (2, 3)),
+                                         ("mod_chain", (4, 6)), ("mod_chain", (12, 14))])
+def test_terms_set_the_chain_length_and_the_response_length(name, terms):
+    task = make_task(name, terms)
+    problems = task.problems(300, seed=2)
+    n_terms = [len([c for c in p.prompt if c in "+-*"]) + 1 for p in problems]
+    assert min(n_terms) >= terms[0] and max(n_terms) <= terms[1] and max(n_terms) == terms[1]
+    assert max(len(p.solution) for p in problems) <= task.max_solution_len()
+    response_len = RunConfig().resolved(task).response_len
+    assert response_len == task.max_solution_len() + 4
+    if (name, terms) == ("chain_sum", (4, 5)):
+        assert response_len == 24  # the demo's historical default
+    assert RunConfig(response_len=40).resolved(task).response_len == 40
+
+
+def test_terms_parsing_and_the_warmstart_cache_key():
+    from verl_group_ppo.demo.tasks import parse_terms
+    from verl_group_ppo.demo.warmstart import warmstart_key
+
+    assert parse_terms("4-5") == (4, 5) and parse_terms("7") == (7, 7)
+    for bad in ("5-4", "1-3", "a-b", "4-5-6", ""):
+        with pytest.raises(ValueError, match="--terms"):
+            parse_terms(bad)
+    with pytest.raises(ValueError, match="terms"):
+        make_task("chain_sum", (6, 3))
+    args = ("tiny", 100, 64, 2e-3, 0, 1000, 0.25)
+    keys = {warmstart_key(make_task("chain_sum", t), *args, response_len=r)
+            for t, r in (((4, 5), 24), ((10, 12), 24), ((10, 12), 52), ((4, 5), 52))}
+    assert len(keys) == 4
+    assert warmstart_key(make_task("chain_sum"), *args, 24) == warmstart_key(make_task("chain_sum", (4, 5)), *args, 24)
+
+
+def test_cli_flags_come_from_the_config_fields_and_quick_changes_only_its_defaults():
+    from dataclasses import fields
+
+    from verl_group_ppo.demo.cli import QUICK, DemoOptions, build_parser, resolve
+    from verl_group_ppo.demo.options import flag_of
+
+    parser = build_parser()
+    flags = {s for a in parser._actions for s in a.option_strings}
+    for cls in (DemoOptions, RunConfig):
+        for f in fields(cls):
+            assert (flag_of(f) in flags) == f.metadata["cli"], f.name
+    assert {"--response-length", "--critic-warmup", "--terms", "--lam", "--final-eval-size"} <= flags
+    opts, cfg = resolve(parser.parse_args([]))
+    assert (cfg.steps, opts.seeds, opts.output_dir) == (400, "3", "runs/demo")
+    opts, cfg = resolve(parser.parse_args(["--quick"]))
+    assert (cfg.steps, opts.seeds) == (QUICK["steps"], QUICK["seeds"]) and opts.output_dir == "runs/demo-quick"
+    opts, cfg = resolve(parser.parse_args(["--quick", "--steps", "7", "--critic-warmup", "2", "--lam", "0.9",
+                                           "--group-param", "policy_lam=0.8"]))
+    assert (cfg.steps, cfg.critic_warmup, cfg.lam, cfg.group_params) == (7, 2, 0.9, {"policy_lam": 0.8})
+    for bad, match in ((["--estimators", "group_ppo,ppo"], "unknown estimator 'ppo'"),
+                       (["--group-param", "critic_loss_on=all_tokens"], "critic_loss_on"),
+                       (["--steps", "3", "--critic-warmup", "3"], "critic_warmup")):
+        with pytest.raises(SystemExit, match=match):
+            resolve(parser.parse_args(bad))
+
+
+def _fake_run(est, seed, curve, wall=1.0):
+    return {"estimator": est, "seed": seed, "final_eval_accuracy": curve[-1][1], "curve": curve,
+            "greedy_curve": curve, "final_greedy_accuracy": curve[-1][1], "wall_time_s": wall, "steps": 20,
+            "final_threshold": 1.0 if est == "group_ppo" else None, "final_eval_samples": 2048}
+
+
+def test_summary_reports_per_seed_areas_and_paired_differences(tmp_path):
+    from verl_group_ppo.demo import report
+
+    finals = {"group_ppo": [0.5, 0.7, 0.6], "gae": [0.4, 0.5, 0.6]}
+    runs = [_fake_run(e, s, [[0, 0.1], [10, 0.3], [20, f]]) for e, fs in finals.items() for s, f in enumerate(fs)]
+    s = report.summarise(runs)
+    assert s["estimators"]["group_ppo"]["area_per_seed"] == pytest.approx([0.9 / 3, 1.1 / 3, 1.0 / 3])
+    (pair,) = s["paired_differences"]
+    assert (pair["a"], pair["b"]) == ("group_ppo", "gae")
+    d = np.array([0.1, 0.2, 0.0])
+    assert pair["final"]["per_seed"] == pytest.approx(d.tolist())
+    assert pair["final"]["mean"] == pytest.approx(d.mean())
+    assert pair["final"]["se"] == pytest.approx(d.std(ddof=1) / np.sqrt(3))
+    assert pair["area"]["mean"] == pytest.approx(d.mean() / 3)  # only the last of three eval points differs
+    one = report.paired_difference({0: 0.5}, {0: 0.25, 1: 0.9})
+    assert one == {"seeds": [0], "mean": 0.25, "se": None, "per_seed": [0.25]}
+    meta = {"task": "chain_sum", "seeds": [0, 1, 2], "eval_size": 256, "final_eval_size": 1024, "eval_samples": 2}
+    text = report.write_summary_md(str(tmp_path / "summary.md"), runs, meta)
+    assert "| GROUP-PPO - PPO (GAE) | 0.100 +- 0.058 |" in text
+    assert "2048 samples" in text and "curve area" in text.lower()
+    report.write_results_json(str(tmp_path / "results.json"), runs, meta)
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["summary"]["paired_differences"][0]["final"]["se"] == pytest.approx(pair["final"]["se"])

@@ -2,76 +2,83 @@
 
 One process (plus optional worker processes): build the task and a character tokenizer, warm-start a tiny
 Qwen2 policy with a short supervised phase (cached in the output directory and shared by every run), then
-train one RL run per (estimator, seed) and write the comparison. See docs/demo.md.
+train one RL run per (arm, seed) and write the comparison. See docs/demo.md.
+
+The flags are built from the fields of :class:`DemoOptions` (this run) and
+:class:`~verl_group_ppo.demo.rl.RunConfig` (every arm's hyperparameters): each default is written once,
+on its field; ``--quick`` changes the few in :data:`QUICK`.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
+from typing import Any, Optional
 
-DEFAULT_ESTIMATORS = ("group_ppo", "gae", "grpo")
+from .arms import ARMS, DEFAULT_ARMS, get_arm
+from .options import add_arguments, given, option
+from .rl import RunConfig
+
+
+@dataclass
+class DemoOptions:
+    """What to run and where: arms, seeds, task, warm start, evaluation set, parallelism, outputs."""
+
+    quick: bool = option(False, "the default arms, 1 seed, 150 steps (a few minutes on a 2-core CPU)")
+    output_dir: Optional[str] = option(None, "where results go (None: runs/demo-quick or runs/demo)", type=str)
+    seeds: str = option("3", "number of seeds (e.g. 3) or a comma list (e.g. 0,1,2); --quick: 1")
+    estimators: str = option(",".join(DEFAULT_ARMS), f"comma list of arms from {', '.join(ARMS)}")
+    all_tokens_arm: bool = option(False, "add the arm group_ppo_all_tokens (critic_loss_on=all_tokens)")
+    task: str = option("chain_sum", "chain_sum (reasoning-gym) or mod_chain (ours)")
+    terms: Optional[str] = option(None, "terms per chain MIN-MAX, e.g. 10-12 (None: the task's own, 4-5 for "
+                                        "chain_sum); sets the response length and the warm start's data",
+                                  type=str)
+    model_size: str = option("tiny", "tiny, small or base (Qwen2 config sizes)")
+    warmstart_steps: int = option(2000, "supervised warm-start steps (cached)")
+    warmstart_slip_prob: float = option(0.25, "probability that a warm-start solution step is replaced by a "
+                                              "near miss (a noisy reasoner that RL has to make reliable)")
+    train_size: int = option(20000, "problems in the training pool")
+    final_eval_size: int = option(1024, "held-out prompts of the final eval (x eval_samples responses each); "
+                                        "the periodic evals use the first eval_size of them")
+    workers: Optional[int] = option(None, "runs trained in parallel processes (None: 2 on a CPU with >= 2 "
+                                          "cores, 1 on CUDA)", type=int)
+    threads: Optional[int] = option(None, "torch threads per run (None: cores / workers)", type=int)
+    device: Optional[str] = option(None, "cpu or cuda (None: cuda when available)", type=str)
+    no_progress: bool = option(False, "disable progress bars")
+
+
+#: defaults that ``--quick`` changes (flags given explicitly still win)
+QUICK: dict[str, Any] = {"steps": 150, "seeds": "1"}
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The demo's argument parser: one flag per field of DemoOptions and RunConfig, plus ``--group-param``."""
     p = argparse.ArgumentParser(
         prog="python -m verl_group_ppo.demo",
         description="Train a tiny Qwen2 policy with GROUP-PPO, PPO (GAE) and GRPO on an offline arithmetic task "
-                    "with an exact verifier, and compare them. CPU by default, CUDA when present.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    p.add_argument("--quick", action="store_true",
-                   help="all three estimators, 1 seed, fewer steps (a few minutes on a 2-core CPU)")
-    p.add_argument("--output-dir", default=None, help="where results go (default runs/demo-quick or runs/demo)")
-    p.add_argument("--steps", type=int, default=None, help="RL steps per run (default 150 quick, 400 full)")
-    p.add_argument("--seeds", default=None,
-                   help="number of seeds (e.g. 3) or a comma list (e.g. 0,1,2); default 1 quick, 3 full")
-    p.add_argument("--estimators", default=",".join(DEFAULT_ESTIMATORS),
-                   help="comma list from group_ppo, gae, grpo, group_ppo_all_tokens")
-    p.add_argument("--all-tokens-arm", action="store_true",
-                   help="add a fourth arm: group_ppo with critic_loss_on=all_tokens")
-    p.add_argument("--task", default="chain_sum", help="chain_sum (reasoning-gym) or mod_chain (ours)")
-    p.add_argument("--model-size", default="tiny", help="tiny, small or base (Qwen2 config sizes)")
-    p.add_argument("--response-length", type=int, default=24, help="max response tokens")
-    p.add_argument("--prompts-per-step", type=int, default=64)
-    p.add_argument("--n-samples", type=int, default=4, help="responses per prompt")
-    p.add_argument("--mini-batch-size", type=int, default=256, help="actor mini-batch (responses per update)")
-    p.add_argument("--critic-mini-batch-size", type=int, default=64, help="critic mini-batch (gae and group_ppo)")
-    p.add_argument("--actor-lr", type=float, default=2e-4)
-    p.add_argument("--critic-lr", type=float, default=1e-3)
-    p.add_argument("--lam", type=float, default=1.0, help="algorithm.lam for gae and group_ppo (verl default 1.0)")
-    p.add_argument("--gamma", type=float, default=1.0)
+                    "with an exact verifier, and compare them. CPU by default, CUDA when present.")
+    add_arguments(p, DemoOptions)
+    add_arguments(p, RunConfig)
     p.add_argument("--group-param", action="append", default=[], metavar="KEY=VALUE",
-                   help="override an algorithm.group_params key for the group_ppo arms (repeatable)")
-    p.add_argument("--warmstart-steps", type=int, default=2000, help="supervised warm-start steps (cached)")
-    p.add_argument("--warmstart-slip-prob", type=float, default=0.25,
-                   help="probability that a warm-start solution step is replaced by a near miss (a noisy reasoner "
-                        "that RL has to make reliable)")
-    p.add_argument("--train-size", type=int, default=20000, help="problems in the training pool")
-    p.add_argument("--eval-size", type=int, default=256, help="held-out prompts")
-    p.add_argument("--eval-samples", type=int, default=2, help="sampled responses per held-out prompt")
-    p.add_argument("--eval-every", type=int, default=None, help="eval interval in steps (default steps/15)")
-    p.add_argument("--workers", type=int, default=None,
-                   help="runs trained in parallel processes (default: 2 on a CPU with >= 2 cores, 1 on CUDA)")
-    p.add_argument("--threads", type=int, default=None, help="torch threads per run (default cores / workers)")
-    p.add_argument("--device", default=None, help="cpu or cuda (default cuda when available)")
-    p.add_argument("--no-progress", action="store_true", help="disable progress bars")
+                   help="override an algorithm.group_params key (repeatable), e.g. policy_lam=0.95 "
+                        "critic_lam=1.0 (read by group_ppo and gae_decoupled), target_group_size=4")
     return p
 
 
-def _parse_seeds(s: str | None, quick: bool) -> list[int]:
-    if s is None:
-        return [0] if quick else [0, 1, 2]
-    if "," in s:
-        return [int(x) for x in s.split(",") if x.strip()]
-    return list(range(int(s)))
+def parse_seeds(text: str) -> list[int]:
+    """``"3"`` -> [0, 1, 2]; ``"0,4"`` -> [0, 4]."""
+    if "," in text:
+        return [int(x) for x in text.split(",") if x.strip()]
+    return list(range(int(text)))
 
 
-def _parse_group_params(items: list[str]) -> dict:
+def parse_group_params(items: list[str]) -> dict:
+    """``["KEY=VALUE", ...]`` -> dict, values parsed as JSON when they are JSON, else kept as strings."""
     out = {}
     for it in items:
         if "=" not in it:
@@ -82,6 +89,31 @@ def _parse_group_params(items: list[str]) -> dict:
         except json.JSONDecodeError:
             out[k] = v
     return out
+
+
+def resolve(args: argparse.Namespace) -> tuple[DemoOptions, RunConfig]:
+    """Field defaults, then ``--quick``'s, then the flags given; the arm list checked."""
+    quick = getattr(args, "quick", False)
+    overrides = {**(QUICK if quick else {}), **given(args, DemoOptions), **given(args, RunConfig)}
+    opt_names = {f.name for f in dataclasses.fields(DemoOptions)}
+    opts = DemoOptions(**{k: v for k, v in overrides.items() if k in opt_names})
+    try:
+        cfg = RunConfig(**{k: v for k, v in overrides.items() if k not in opt_names},
+                        group_params=parse_group_params(args.group_param))
+        for name in arm_names(opts):
+            get_arm(name)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+    if opts.output_dir is None:
+        opts.output_dir = os.path.join("runs", "demo-quick" if quick else "demo")
+    return opts, cfg
+
+
+def arm_names(opts: DemoOptions) -> list[str]:
+    names = [e.strip() for e in opts.estimators.split(",") if e.strip()]
+    if opts.all_tokens_arm and "group_ppo_all_tokens" not in names:
+        names.append("group_ppo_all_tokens")
+    return names
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -106,170 +138,192 @@ def _worker_run(estimator: str, seed: int) -> dict:
 
     c = _CTX
     q = c.get("queue")
-    task = make_task(c["task"])
+    task = make_task(c["task"], c["terms"])
     tok = CharTokenizer.from_str(c["tokenizer"])
     return run_one(estimator, seed, c["cfg"], task, tok, c["train"], c["evals"], c["init_state"], c["device"],
                    on_step=(q.put if q is not None else c.get("on_step")))
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-    import torch
-    from tqdm.auto import tqdm
-
-    from . import report
-    from .rl import ESTIMATORS, RunConfig, evaluate
-    from .tasks import make_task, split_problems
-    from .tokenizer import CharTokenizer
-    from .warmstart import load_or_train_warmstart
-
-    t_start = time.time()
-    quick = args.quick
-    steps = args.steps if args.steps is not None else (150 if quick else 400)
-    seeds = _parse_seeds(args.seeds, quick)
-    estimators = [e.strip() for e in args.estimators.split(",") if e.strip()]
-    if args.all_tokens_arm and "group_ppo_all_tokens" not in estimators:
-        estimators.append("group_ppo_all_tokens")
-    for e in estimators:
-        if e not in ESTIMATORS:
-            raise SystemExit(f"unknown estimator {e!r}; choose from {', '.join(ESTIMATORS)}")
-    out_dir = args.output_dir or os.path.join("runs", "demo-quick" if quick else "demo")
-    os.makedirs(out_dir, exist_ok=True)
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    cores = os.cpu_count() or 1
-    jobs = [(e, s) for s in seeds for e in estimators]
-    workers = args.workers if args.workers is not None else (1 if device != "cpu" else min(2, cores, len(jobs)))
-    workers = max(1, min(workers, len(jobs)))
-    threads = args.threads or max(1, cores // workers)
-    torch.set_num_threads(threads)
-    progress = not args.no_progress
-    eval_every = args.eval_every or max(1, steps // 15)
-
-    def log(msg: str) -> None:
-        tqdm.write(msg) if progress else print(msg, flush=True)
-
-    log(f"[demo] task={args.task} model={args.model_size} device={device} estimators={estimators} seeds={seeds} "
-        f"steps={steps} workers={workers} threads/run={threads} -> {out_dir}")
-
-    # task, data, tokenizer
-    task = make_task(args.task)
-    train, evals = split_problems(task, args.train_size, args.eval_size)
-    tok = CharTokenizer.train(task.corpus() + [task.alphabet])
-    with open(os.path.join(out_dir, "tokenizer.json"), "w") as f:
-        f.write(tok.to_str())
-
-    # shared warm start (cached)
-    bar_factory = (lambda **kw: tqdm(**kw)) if progress else None
-    policy, ws_info = load_or_train_warmstart(
-        os.path.join(out_dir, "cache"), task, tok, train, args.model_size, args.warmstart_steps, 64, 2e-3, 0,
-        args.response_length, device, progress_factory=bar_factory, log=log, slip_prob=args.warmstart_slip_prob)
-    ws_acc = evaluate(policy, task, tok, evals, args.response_length, greedy=False, samples=args.eval_samples,
-                      seed=30_000)
-    ws_greedy = evaluate(policy, task, tok, evals, args.response_length, greedy=True)
-    ws_how = "cached" if ws_info.get("cached") else "%.0fs" % ws_info["seconds"]
-    log(f"[demo] warm start: eval accuracy {ws_acc:.3f} sampled, {ws_greedy:.3f} greedy ({ws_how})")
-    init_state = {"state_dict": {k: v.detach().cpu() for k, v in policy.state_dict().items()},
-                  "size": args.model_size}
-
-    cfg = RunConfig(
-        steps=steps, prompts_per_step=args.prompts_per_step, n_samples=args.n_samples,
-        response_len=args.response_length, mini_batch_size=args.mini_batch_size,
-        critic_mini_batch_size=args.critic_mini_batch_size, actor_lr=args.actor_lr, critic_lr=args.critic_lr, gamma=args.gamma,
-        lam=args.lam, eval_every=eval_every, eval_samples=args.eval_samples,
-        group_params=_parse_group_params(args.group_param),
-        record_groups_at=tuple(sorted({1, max(1, steps // 2), steps})),
-    )
-    meta = {
-        "command": "python -m verl_group_ppo.demo " + " ".join(sys.argv[1:] if argv is None else argv),
-        "task": task.name, "model_size": args.model_size, "steps": steps, "seeds": seeds, "estimators": estimators,
-        "prompts_per_step": cfg.prompts_per_step, "n_samples": cfg.n_samples, "eval_size": len(evals),
-        "eval_samples": cfg.eval_samples, "device": device, "workers": workers, "threads": threads,
-        "warmstart": {k: v for k, v in ws_info.items() if k != "path"},
-        "warmstart_eval_accuracy": ws_acc, "warmstart_greedy_accuracy": ws_greedy, "run_config": asdict(cfg),
-    }
-
-    metrics_path = os.path.join(out_dir, "metrics.jsonl")
-    metrics_f = open(metrics_path, "w")
-    bars = {}
-    if progress:
-        for i, (e, s) in enumerate(jobs):
-            bars[(e, s)] = tqdm(total=steps, desc=f"{e:>20s} seed {s}", position=i, leave=True)
-
-    def on_step(rec: dict) -> None:
-        rec = dict(rec)
-        prog = rec.pop("progress", None)
-        metrics_f.write(json.dumps(rec) + "\n")
-        metrics_f.flush()
-        b = bars.get((rec["estimator"], rec["seed"]))
-        if b is not None and prog is not None:
-            b.n = prog
-            post = {"reward": f"{rec.get('reward/mean', float('nan')):.2f}"}
-            if "eval/accuracy" in rec:
-                b._last_eval = rec["eval/accuracy"]
-            if getattr(b, "_last_eval", None) is not None:
-                post["eval"] = f"{b._last_eval:.3f}"
-            if "group/mean_group_size" in rec:
-                post["grp"] = f"{rec['group/mean_group_size']:.1f}"
-            b.set_postfix(post, refresh=False)
-            b.refresh()
-
-    ctx = {"task": args.task, "tokenizer": tok.to_str(), "train": train, "evals": evals, "init_state": init_state,
-           "cfg": cfg, "device": device, "threads": threads}
-    results: list[dict] = []
+def run_jobs(jobs: list[tuple[str, int]], ctx: dict, workers: int, on_step) -> list[dict]:
+    """Train every (arm, seed) job, in this process or in ``workers`` spawned processes."""
     if workers == 1:
         _worker_init(None, ctx)
         _CTX["on_step"] = on_step
-        for e, s in jobs:
-            results.append(_worker_run(e, s))
-    else:
-        import multiprocessing as mp
-        import queue as queue_mod
-        from concurrent.futures import ProcessPoolExecutor, wait, FIRST_COMPLETED
+        return [_worker_run(e, s) for e, s in jobs]
+    import multiprocessing as mp
+    import queue as queue_mod
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
-        mpctx = mp.get_context("spawn")
-        q = mpctx.Queue()
-        with ProcessPoolExecutor(max_workers=workers, mp_context=mpctx, initializer=_worker_init,
-                                 initargs=(q, ctx)) as pool:
-            pending = {pool.submit(_worker_run, e, s) for e, s in jobs}
-            while pending:
-                done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
-                while True:
-                    try:
-                        on_step(q.get_nowait())
-                    except queue_mod.Empty:
-                        break
-                for f in done:
-                    results.append(f.result())
-            while True:
-                try:
-                    on_step(q.get(timeout=0.5))
-                except queue_mod.Empty:
-                    break
-    for b in bars.values():
-        b.close()
-    metrics_f.close()
-    results.sort(key=lambda r: (estimators.index(r["estimator"]), r["seed"]))
+    def drain(timeout: float) -> None:
+        while True:
+            try:
+                on_step(q.get(timeout=timeout) if timeout else q.get_nowait())
+            except queue_mod.Empty:
+                return
 
-    meta["total_wall_time_s"] = time.time() - t_start
+    mpctx = mp.get_context("spawn")
+    q = mpctx.Queue()
+    results = []
+    with ProcessPoolExecutor(max_workers=workers, mp_context=mpctx, initializer=_worker_init,
+                             initargs=(q, ctx)) as pool:
+        pending = {pool.submit(_worker_run, e, s) for e, s in jobs}
+        while pending:
+            done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+            drain(0)
+            results.extend(f.result() for f in done)
+        drain(0.5)
+    return results
+
+
+class StepSink:
+    """Receives every step record: appends it to metrics.jsonl and moves that run's progress bar."""
+
+    def __init__(self, path: str, jobs: list[tuple[str, int]], steps: int, progress: bool):
+        from tqdm.auto import tqdm
+
+        self.file = open(path, "w")
+        self.bars = {job: tqdm(total=steps, desc=f"{job[0]:>20s} seed {job[1]}", position=i, leave=True)
+                     for i, job in enumerate(jobs)} if progress else {}
+        self.last_eval: dict = {}
+
+    def __call__(self, rec: dict) -> None:
+        rec = dict(rec)
+        prog = rec.pop("progress", None)
+        self.file.write(json.dumps(rec) + "\n")
+        self.file.flush()
+        job = (rec["estimator"], rec["seed"])
+        bar = self.bars.get(job)
+        if bar is None or prog is None:
+            return
+        bar.n = prog
+        if "eval/accuracy" in rec:
+            self.last_eval[job] = rec["eval/accuracy"]
+        post = {"reward": f"{rec.get('reward/mean', float('nan')):.2f}"}
+        if job in self.last_eval:
+            post["eval"] = f"{self.last_eval[job]:.3f}"
+        if "group/mean_group_size" in rec:
+            post["grp"] = f"{rec['group/mean_group_size']:.1f}"
+        bar.set_postfix(post, refresh=False)
+        bar.refresh()
+
+    def close(self) -> None:
+        for bar in self.bars.values():
+            bar.close()
+        self.file.close()
+
+
+def prepare(opts: DemoOptions, cfg: RunConfig, device: str, log) -> dict[str, Any]:
+    """Task, data split, tokenizer and the shared (cached) warm start, with its eval accuracies."""
+    from tqdm.auto import tqdm
+
+    from .rl import evaluate
+    from .tasks import make_task, parse_terms, split_problems
+    from .tokenizer import CharTokenizer
+    from .warmstart import load_or_train_warmstart
+
+    terms = parse_terms(opts.terms) if opts.terms else None
+    task = make_task(opts.task, terms)
+    cfg = cfg.resolved(task)
+    train, evals = split_problems(task, opts.train_size, max(opts.final_eval_size, cfg.eval_size))
+    tok = CharTokenizer.train(task.corpus() + [task.alphabet])
+    with open(os.path.join(opts.output_dir, "tokenizer.json"), "w") as f:
+        f.write(tok.to_str())
+    factory = (lambda **kw: tqdm(**kw)) if not opts.no_progress else None
+    policy, ws_info = load_or_train_warmstart(
+        os.path.join(opts.output_dir, "cache"), task, tok, train, opts.model_size, opts.warmstart_steps, 64, 2e-3,
+        0, cfg.response_len, device, progress_factory=factory, log=log, slip_prob=opts.warmstart_slip_prob)
+    periodic = evals[:cfg.eval_size]
+    ws_acc = evaluate(policy, task, tok, periodic, cfg.response_len, greedy=False, samples=cfg.eval_samples,
+                      seed=30_000)
+    ws_greedy = evaluate(policy, task, tok, periodic, cfg.response_len, greedy=True)
+    log(f"[demo] warm start: eval accuracy {ws_acc:.3f} sampled, {ws_greedy:.3f} greedy "
+        f"({'cached' if ws_info.get('cached') else '%.0fs' % ws_info['seconds']})")
+    init_state = {"state_dict": {k: v.detach().cpu() for k, v in policy.state_dict().items()},
+                  "size": opts.model_size}
+    return {"task": task, "terms": terms, "cfg": cfg, "tok": tok, "train": train, "evals": evals,
+            "init_state": init_state, "ws_info": ws_info, "ws_acc": ws_acc, "ws_greedy": ws_greedy}
+
+
+def write_outputs(out_dir: str, results: list[dict], meta: dict, first_seed: int) -> str:
+    """results.json, summary.md, learning_curves.png, groups.json/html/png; returns the summary text."""
+    from . import report
+
     report.write_results_json(os.path.join(out_dir, "results.json"), results, meta)
     text = report.write_summary_md(os.path.join(out_dir, "summary.md"), results, meta)
     report.plot_learning_curves(os.path.join(out_dir, "learning_curves.png"), results)
-    samples = []
-    for r in results:
-        if r["estimator"].startswith("group_ppo") and r["seed"] == seeds[0]:
-            for smp in r["group_samples"]:
-                samples.append({**smp, "label": f"{r['estimator']} seed {r['seed']}"})
+    samples = [{**smp, "label": f"{r['estimator']} seed {r['seed']}"}
+               for r in results if ARMS[r["estimator"]].uses_groups and r["seed"] == first_seed
+               for smp in r["group_samples"]]
     with open(os.path.join(out_dir, "groups.json"), "w") as f:
         json.dump(samples, f)
     if samples:
         report.write_groups_html(os.path.join(out_dir, "groups.html"), samples)
         report.plot_groups_png(os.path.join(out_dir, "groups.png"),
                                [s for s in samples if s["label"].startswith("group_ppo seed")] or samples)
+    return text
+
+
+def _machine(opts: DemoOptions, n_jobs: int) -> tuple[str, int, int]:
+    """(device, workers, torch threads per run)."""
+    import torch
+
+    device = opts.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    cores = os.cpu_count() or 1
+    workers = opts.workers if opts.workers is not None else (1 if device != "cpu" else min(2, cores, n_jobs))
+    workers = max(1, min(workers, n_jobs))
+    return device, workers, opts.threads or max(1, cores // workers)
+
+
+def main(argv: list[str] | None = None) -> int:
+    opts, cfg = resolve(build_parser().parse_args(argv))
+    for key, value in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"), ("TOKENIZERS_PARALLELISM", "false")):
+        os.environ.setdefault(key, value)
+    import torch
+    from tqdm.auto import tqdm
+
+    t_start = time.time()
+    seeds, arms = parse_seeds(opts.seeds), arm_names(opts)
+    os.makedirs(opts.output_dir, exist_ok=True)
+    jobs = [(e, s) for s in seeds for e in arms]
+    device, workers, threads = _machine(opts, len(jobs))
+    torch.set_num_threads(threads)
+
+    def log(msg: str) -> None:
+        tqdm.write(msg) if not opts.no_progress else print(msg, flush=True)
+
+    log(f"[demo] task={opts.task} terms={opts.terms or 'default'} model={opts.model_size} device={device} "
+        f"estimators={arms} seeds={seeds} steps={cfg.steps} workers={workers} threads/run={threads} "
+        f"-> {opts.output_dir}")
+    prep = prepare(opts, cfg, device, log)
+    cfg = prep["cfg"]
+    meta = _meta(argv, opts, cfg, prep, seeds, arms, device, workers, threads)
+    sink = StepSink(os.path.join(opts.output_dir, "metrics.jsonl"), jobs, cfg.steps, not opts.no_progress)
+    ctx = {"task": opts.task, "terms": prep["terms"], "tokenizer": prep["tok"].to_str(), "train": prep["train"],
+           "evals": prep["evals"], "init_state": prep["init_state"], "cfg": cfg, "device": device,
+           "threads": threads}
+    try:
+        results = run_jobs(jobs, ctx, workers, sink)
+    finally:
+        sink.close()
+    results.sort(key=lambda r: (arms.index(r["estimator"]), r["seed"]))
+    meta["total_wall_time_s"] = time.time() - t_start
+    text = write_outputs(opts.output_dir, results, meta, seeds[0])
     log("\n" + text)
-    log(f"[demo] done in {meta['total_wall_time_s'] / 60:.1f} min; outputs in {os.path.abspath(out_dir)}: "
+    log(f"[demo] done in {meta['total_wall_time_s'] / 60:.1f} min; outputs in {os.path.abspath(opts.output_dir)}: "
         "summary.md, results.json, learning_curves.png, metrics.jsonl, groups.html, groups.png")
     return 0
+
+
+def _meta(argv, opts: DemoOptions, cfg: RunConfig, prep: dict, seeds: list[int], arms: list[str], device: str,
+          workers: int, threads: int) -> dict[str, Any]:
+    return {
+        "command": "python -m verl_group_ppo.demo " + " ".join(sys.argv[1:] if argv is None else argv),
+        "task": prep["task"].name, "task_spec": prep["task"].spec(), "model_size": opts.model_size,
+        "steps": cfg.steps, "seeds": seeds, "estimators": arms, "prompts_per_step": cfg.prompts_per_step,
+        "n_samples": cfg.n_samples, "eval_size": min(cfg.eval_size, len(prep["evals"])),
+        "final_eval_size": len(prep["evals"]), "eval_samples": cfg.eval_samples, "device": device,
+        "workers": workers, "threads": threads, "critic_warmup": cfg.critic_warmup,
+        "warmstart": {k: v for k, v in prep["ws_info"].items() if k != "path"},
+        "warmstart_eval_accuracy": prep["ws_acc"], "warmstart_greedy_accuracy": prep["ws_greedy"],
+        "options": asdict(opts), "run_config": asdict(cfg),
+    }

@@ -1,21 +1,35 @@
-"""Outputs of the demo: results.json, summary.md, learning_curves.png, groups.html and groups.png."""
+"""Outputs of the demo: results.json, summary.md, learning_curves.png, groups.html and groups.png.
+
+Arm names, labels and colours come from :data:`verl_group_ppo.demo.arms.ARMS`; groups.html is drawn by the
+project's one renderer, :mod:`verl_group_ppo.render` (``python -m verl_group_ppo.viz`` uses it too).
+"""
 
 from __future__ import annotations
 
-import html
 import json
 import math
-from typing import Any
+from itertools import combinations
+from typing import Any, Optional
 
 import numpy as np
 
-LABELS = {
-    "group_ppo": "GROUP-PPO",
-    "group_ppo_all_tokens": "GROUP-PPO (critic on all tokens)",
-    "gae": "PPO (GAE)",
-    "grpo": "GRPO",
-}
-COLORS = {"group_ppo": "#d62728", "group_ppo_all_tokens": "#ff7f0e", "gae": "#1f77b4", "grpo": "#2ca02c"}
+from verl_group_ppo import render
+
+from .arms import ARMS
+
+
+def _label(name: str) -> str:
+    return ARMS[name].label if name in ARMS else name
+
+
+def _color(name: str) -> Optional[str]:
+    return ARMS[name].color if name in ARMS else None
+
+
+def _order(names) -> list[str]:
+    """Arm names in the ARMS order (unknown names last)."""
+    rank = {n: i for i, n in enumerate(ARMS)}
+    return sorted(names, key=lambda n: rank.get(n, len(rank)))
 
 
 def mean_curve(runs: list[dict], key: str = "curve") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -23,6 +37,11 @@ def mean_curve(runs: list[dict], key: str = "curve") -> tuple[np.ndarray, np.nda
     steps = np.array([s for s, _ in runs[0][key]], dtype=float)
     vals = np.array([[v for _, v in r[key]] for r in runs], dtype=float)
     return steps, vals.mean(0), vals.std(0)
+
+
+def curve_area(curve: list) -> float:
+    """Learning-curve area: the mean accuracy over a run's eval points ``[[step, acc], ...]``."""
+    return float(np.mean([a for _, a in curve]))
 
 
 def steps_to_reach(steps: np.ndarray, curve: np.ndarray, target: float) -> float | None:
@@ -33,39 +52,60 @@ def steps_to_reach(steps: np.ndarray, curve: np.ndarray, target: float) -> float
     return None
 
 
+def paired_difference(a: dict[int, float], b: dict[int, float]) -> dict[str, Any]:
+    """Per-seed differences ``a - b`` over the seeds both have: mean, paired standard error
+    (sample std of the differences / sqrt(n); None below 2 seeds) and the differences themselves."""
+    seeds = sorted(set(a) & set(b))
+    d = np.array([a[s] - b[s] for s in seeds], dtype=float)
+    se = float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) >= 2 else None
+    return {"seeds": seeds, "mean": float(d.mean()) if len(d) else None, "se": se, "per_seed": d.tolist()}
+
+
+def _arm_row(name: str, rs: list[dict], ppo_final: Optional[float]) -> dict[str, Any]:
+    finals = [r["final_eval_accuracy"] for r in rs]
+    areas = [r.get("curve_area", curve_area(r["curve"])) for r in rs]
+    steps, m, _ = mean_curve(rs)
+    return {
+        "estimator": name,
+        "seeds": [r["seed"] for r in rs],
+        "final_mean": float(np.mean(finals)),
+        "final_std": float(np.std(finals)),
+        "final_per_seed": finals,
+        "area_mean": float(np.mean(areas)),
+        "area_std": float(np.std(areas)),
+        "area_per_seed": areas,
+        "final_eval_samples": rs[0].get("final_eval_samples"),
+        "start_mean": float(m[0]),
+        "greedy_final_mean": float(np.mean([r.get("final_greedy_accuracy", float("nan")) for r in rs])),
+        "steps_to_ppo_final": steps_to_reach(steps, m, ppo_final) if ppo_final is not None else None,
+        "wall_time_s_mean": float(np.mean([r["wall_time_s"] for r in rs])),
+        "final_threshold_mean": (float(np.mean([r["final_threshold"] for r in rs]))
+                                 if rs[0].get("final_threshold") is not None else None),
+    }
+
+
 def summarise(runs: list[dict]) -> dict[str, Any]:
+    """Per arm: final accuracy and curve area (mean, std, per seed) and more; paired differences of every
+    pair of arms over their common seeds (final accuracy and curve area)."""
     by_est: dict[str, list[dict]] = {}
     for r in runs:
         by_est.setdefault(r["estimator"], []).append(r)
-    ppo_final = None
-    if "gae" in by_est:
-        ppo_final = float(np.mean([r["final_eval_accuracy"] for r in by_est["gae"]]))
-    rows = {}
-    for est, rs in by_est.items():
-        rs = sorted(rs, key=lambda r: r["seed"])
-        finals = [r["final_eval_accuracy"] for r in rs]
-        steps, m, _ = mean_curve(rs)
-        rows[est] = {
-            "estimator": est,
-            "seeds": [r["seed"] for r in rs],
-            "final_mean": float(np.mean(finals)),
-            "final_std": float(np.std(finals)),
-            "final_per_seed": finals,
-            "start_mean": float(m[0]),
-            "greedy_final_mean": float(np.mean([r.get("final_greedy_accuracy", float("nan")) for r in rs])),
-            "steps_to_ppo_final": steps_to_reach(steps, m, ppo_final) if ppo_final is not None else None,
-            "wall_time_s_mean": float(np.mean([r["wall_time_s"] for r in rs])),
-            "final_threshold_mean": (float(np.mean([r["final_threshold"] for r in rs]))
-                                     if rs[0].get("final_threshold") is not None else None),
-        }
-    return {"ppo_final_mean": ppo_final, "estimators": rows}
+    by_est = {e: sorted(by_est[e], key=lambda r: r["seed"]) for e in _order(by_est)}
+    ppo_final = float(np.mean([r["final_eval_accuracy"] for r in by_est["gae"]])) if "gae" in by_est else None
+    rows = {e: _arm_row(e, rs, ppo_final) for e, rs in by_est.items()}
+    pairs = []
+    for a, b in combinations(rows, 2):
+        pairs.append({"a": a, "b": b, **{
+            key: paired_difference(dict(zip(rows[a]["seeds"], rows[a][f"{key}_per_seed"])),
+                                   dict(zip(rows[b]["seeds"], rows[b][f"{key}_per_seed"])))
+            for key in ("final", "area")}})
+    return {"ppo_final_mean": ppo_final, "estimators": rows, "paired_differences": pairs}
 
 
 def write_results_json(path: str, runs: list[dict], meta: dict) -> None:
-    slim = []
-    for r in runs:
-        slim.append({k: r[k] for k in ("estimator", "seed", "final_eval_accuracy", "steps", "curve", "greedy_curve",
-                                       "final_greedy_accuracy", "wall_time_s", "final_threshold") if k in r})
+    keep = ("estimator", "seed", "final_eval_accuracy", "final_eval_samples", "curve_area", "steps", "curve",
+            "greedy_curve", "final_greedy_accuracy", "wall_time_s", "final_threshold")
+    slim = [{k: r[k] for k in keep if k in r} for r in runs]
     with open(path, "w") as f:
         json.dump({"runs": slim, "summary": summarise(runs), "meta": meta}, f, indent=1)
 
@@ -74,36 +114,62 @@ def _fmt(x, nd=3):
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{nd}f}"
 
 
-def write_summary_md(path: str, runs: list[dict], meta: dict) -> str:
-    s = summarise(runs)
-    order = [e for e in ("group_ppo", "group_ppo_all_tokens", "gae", "grpo") if e in s["estimators"]]
-    lines = [
+def _pm(mean, se) -> str:
+    return f"{_fmt(mean, 3)} +- {_fmt(se, 3)}" if se is not None else f"{_fmt(mean, 3)} (1 seed, no SE)"
+
+
+def _header_lines(meta: dict) -> list[str]:
+    return [
         "# GROUP-PPO demo: summary",
         "",
-        f"Task `{meta.get('task')}`, model `{meta.get('model_size')}`, {meta.get('steps')} RL steps x "
-        f"{meta.get('prompts_per_step')} prompts x {meta.get('n_samples')} samples, seeds {meta.get('seeds')}.",
-        f"Eval: mean verifier reward of {meta.get('eval_samples')} sampled responses (temperature 1) per prompt "
-        f"on {meta.get('eval_size')} held-out prompts; greedy accuracy alongside.",
+        f"Task `{meta.get('task')}` {meta.get('task_spec', '')}, model `{meta.get('model_size')}`, "
+        f"{meta.get('steps')} RL steps x {meta.get('prompts_per_step')} prompts x {meta.get('n_samples')} samples "
+        f"(critic warm-up {meta.get('critic_warmup', 0)} steps), seeds {meta.get('seeds')}.",
+        f"Periodic evals: mean verifier reward of {meta.get('eval_samples')} sampled responses (temperature 1) per "
+        f"prompt on {meta.get('eval_size')} held-out prompts. Final eval (after the last step): the same on "
+        f"{meta.get('final_eval_size', meta.get('eval_size'))} held-out prompts "
+        f"({(meta.get('final_eval_size') or 0) * (meta.get('eval_samples') or 0)} samples). "
+        "Curve area = mean accuracy over the eval points (step 0 and the final eval included).",
         f"Warm-start accuracy (sampled / greedy): {_fmt(meta.get('warmstart_eval_accuracy'))} / "
         f"{_fmt(meta.get('warmstart_greedy_accuracy'))}.",
         "",
-        "| estimator | final eval acc (mean +- std) | per seed | greedy acc | steps to PPO's final mean | wall time / run (s) |",
-        "|---|---|---|---|---|---|",
     ]
-    for e in order:
-        r = s["estimators"][e]
+
+
+def _arm_table(s: dict) -> list[str]:
+    lines = ["| estimator | final eval acc (mean +- std) | per seed | curve area (mean +- std) | greedy acc | "
+             "steps to PPO's final mean | wall time / run (s) |", "|---|---|---|---|---|---|---|"]
+    for e, r in s["estimators"].items():
         per_seed = ", ".join(f"{v:.3f}" for v in r["final_per_seed"])
         reach = "never" if r["steps_to_ppo_final"] is None else f"{int(r['steps_to_ppo_final'])}"
-        lines.append(f"| {LABELS.get(e, e)} | {r['final_mean']:.3f} +- {r['final_std']:.3f} | {per_seed} | "
-                     f"{_fmt(r['greedy_final_mean'])} | {reach} | {r['wall_time_s_mean']:.0f} |")
-    lines.append("")
+        lines.append(f"| {_label(e)} | {r['final_mean']:.3f} +- {r['final_std']:.3f} | {per_seed} | "
+                     f"{r['area_mean']:.3f} +- {r['area_std']:.3f} | {_fmt(r['greedy_final_mean'])} | {reach} | "
+                     f"{r['wall_time_s_mean']:.0f} |")
+    return lines + [""]
+
+
+def _pair_table(s: dict) -> list[str]:
+    if not s["paired_differences"]:
+        return []
+    lines = ["Paired differences over common seeds (mean +- paired standard error = std of the per-seed "
+             "differences / sqrt(seeds)):", "",
+             "| difference | final eval acc | curve area | per seed (final) |", "|---|---|---|---|"]
+    for p in s["paired_differences"]:
+        per_seed = ", ".join(f"{v:+.3f}" for v in p["final"]["per_seed"])
+        lines.append(f"| {_label(p['a'])} - {_label(p['b'])} | {_pm(p['final']['mean'], p['final']['se'])} | "
+                     f"{_pm(p['area']['mean'], p['area']['se'])} | {per_seed} |")
+    return lines + [""]
+
+
+def write_summary_md(path: str, runs: list[dict], meta: dict) -> str:
+    s = summarise(runs)
+    lines = _header_lines(meta) + _arm_table(s) + _pair_table(s)
     if s["ppo_final_mean"] is not None:
-        lines.append(f"PPO's final mean accuracy: {s['ppo_final_mean']:.3f}. 'Steps to PPO's final mean' is the first eval "
-                     f"step at which the estimator's mean curve reaches it.")
-    for e in order:
-        if s["estimators"][e].get("final_threshold_mean") is not None:
-            lines.append(f"{LABELS.get(e, e)}: final adaptive threshold (mean over seeds) "
-                         f"{s['estimators'][e]['final_threshold_mean']:.3f}.")
+        lines.append(f"PPO's final mean accuracy: {s['ppo_final_mean']:.3f}. 'Steps to PPO's final mean' is the "
+                     f"first eval step at which the estimator's mean curve reaches it.")
+    for e, r in s["estimators"].items():
+        if r.get("final_threshold_mean") is not None:
+            lines.append(f"{_label(e)}: final adaptive threshold (mean over seeds) {r['final_threshold_mean']:.3f}.")
     if meta.get("total_wall_time_s") is not None:
         lines.append(f"Total wall time: {meta['total_wall_time_s'] / 60:.1f} min.")
     text = "\n".join(lines) + "\n"
@@ -128,8 +194,8 @@ def plot_learning_curves(path: str, runs: list[dict]) -> None:
             if key not in rs[0]:
                 continue
             steps, m, sd = mean_curve(rs, key)
-            c = COLORS.get(est)
-            ax.plot(steps, m, label=f"{LABELS.get(est, est)} (n={len(rs)})", color=c)
+            c = _color(est)
+            ax.plot(steps, m, label=f"{_label(est)} (n={len(rs)})", color=c)
             ax.fill_between(steps, m - sd, m + sd, color=c, alpha=0.15)
         ax.set_xlabel("RL step")
         ax.set_ylabel("accuracy")
@@ -141,46 +207,11 @@ def plot_learning_curves(path: str, runs: list[dict]) -> None:
     plt.close(fig)
 
 
-_GROUP_COLORS = ["#fde2e4", "#e2ece9", "#dfe7fd", "#fff1c1", "#e8dff5", "#d0f4de", "#fce1c8", "#cde7f0"]
-
-
 def write_groups_html(path: str, samples: list[dict], title: str = "GROUP-PPO groups") -> None:
-    """Each sampled response token by token; background colour = group; a group's advantage under it."""
-    parts = [f"<html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>",
-             "body{font-family:sans-serif;margin:20px} table{border-collapse:collapse;margin:4px 0 14px 0}",
-             "td{border:1px solid #bbb;padding:2px 5px;text-align:center;font-family:monospace;font-size:14px}",
-             "td.adv{font-size:10px;color:#333} .pos{color:#0a0} .neg{color:#c00} .ep{border-right:3px solid #000}",
-             "</style></head><body>",
-             f"<h2>{html.escape(title)}</h2>",
-             "<p>Each row is one sampled response. Cell colour = token group (contiguous tokens sharing one "
-             "advantage); a thick right border marks a group endpoint. Second line: the group's advantage "
-             "(after normalisation) on its first token, where the critic's value is read; third line: the "
-             "critic's value V before the token. Reward 1 = verified correct.</p>"]
-    for smp in samples:
-        parts.append(f"<h3>{html.escape(smp.get('label', ''))} step {smp['step']} "
-                     f"(threshold tau = {smp['threshold']:.3f})</h3>")
-        for row in smp["rows"]:
-            parts.append(f"<div><b>{html.escape(row['prompt'])}</b> (answer {html.escape(row['answer'])}) "
-                         f"reward <b>{row['reward']:.0f}</b></div><table><tr>")
-            gids = row["group_ids"]
-            for i, (t, g) in enumerate(zip(row["tokens"], gids)):
-                last = i == len(gids) - 1 or gids[i + 1] != g
-                cls = " class='ep'" if last else ""
-                shown = "&lt;eos&gt;" if t == "<eos>" else ("&nbsp;" if t == " " else html.escape(t))
-                parts.append(f"<td{cls} style='background:{_GROUP_COLORS[(g - 1) % len(_GROUP_COLORS)]}'>{shown}</td>")
-            parts.append("</tr><tr>")
-            for i, (a, g) in enumerate(zip(row["advantages"], gids)):
-                first = i == 0 or gids[i - 1] != g
-                last = i == len(gids) - 1 or gids[i + 1] != g
-                cls = "adv " + ("pos" if a > 0 else "neg") + (" ep" if last else "")
-                parts.append(f"<td class='{cls}'>{a:+.2f}</td>" if first else f"<td class='adv{' ep' if last else ''}'></td>")
-            parts.append("</tr><tr>")
-            for v in row["values"]:
-                parts.append(f"<td class='adv'>{v:.2f}</td>")
-            parts.append("</tr></table>")
-    parts.append("</body></html>")
-    with open(path, "w") as f:
-        f.write("\n".join(parts))
+    """The demo's recorded group samples (``{label, step, threshold, rows}``) through the shared renderer."""
+    sections = [{"title": f"{smp.get('label', '')} step {smp['step']} (threshold tau = {smp['threshold']:.3f})",
+                 "rows": smp["rows"]} for smp in samples]
+    render.write_groups_html(path, sections, title)
 
 
 def plot_groups_png(path: str, samples: list[dict], max_rows: int = 9) -> None:
@@ -212,7 +243,7 @@ def plot_groups_png(path: str, samples: list[dict], max_rows: int = 9) -> None:
         gids = row["group_ids"]
         for i, (t, g, a) in enumerate(zip(row["tokens"], gids, row["advantages"])):
             x = 7 + i
-            ax.add_patch(Rectangle((x, yy + 0.15), 0.95, 0.5, color=_GROUP_COLORS[(g - 1) % len(_GROUP_COLORS)]))
+            ax.add_patch(Rectangle((x, yy + 0.15), 0.95, 0.5, color=render.group_color(g)))
             ax.text(x + 0.47, yy + 0.4, "$" if t == "<eos>" else ("\u2423" if t == " " else t), ha="center",
                     va="center", fontsize=10, family="monospace")
             if i == 0 or gids[i - 1] != g:

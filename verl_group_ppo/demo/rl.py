@@ -1,13 +1,10 @@
-"""The demo's RL loop: one (estimator, seed) run from the shared warm start.
+"""The demo's RL loop: one (arm, seed) run from the shared warm start.
 
-Every arm runs exactly the same loop with the same hyperparameters, the same prompts (drawn from a
-generator seeded only by the seed) and the same sample budget; only the advantage estimator differs:
-
-* ``group_ppo``            - ours: ``verl_group_ppo.core_algos.compute_group_ppo_outputs`` with the adaptive
-                             threshold; critic trained at group boundaries only (spec Step 7).
-* ``group_ppo_all_tokens`` - the same with ``critic_loss_on: all_tokens`` (optional fourth arm).
-* ``gae``                  - PPO: verl's ``compute_gae_advantage_return``; critic trained on all tokens.
-* ``grpo``                 - verl's ``compute_grpo_outcome_advantage``; no critic.
+Every arm (see :mod:`.arms`) runs exactly this loop with the same hyperparameters, the same prompts (drawn
+from a generator seeded only by the seed) and the same sample budget; only the advantage estimator and
+the critic's loss mode differ. Per step: sample, verify, compute advantages (:func:`compute_advantages`),
+update the critic (:func:`update_critic`), update the actor (:func:`update_actor`, skipped during the
+first ``critic_warmup`` steps), record (:func:`step_record`).
 
 The losses are verl's own: the actor uses ``get_policy_loss_fn("vanilla")`` (verl's clipped PPO objective)
 and the critic ``compute_value_loss`` (verl's clipped value loss), both from ``verl.trainer.ppo.core_algos``.
@@ -15,64 +12,75 @@ and the critic ``compute_value_loss`` (verl's clipped value loss), both from ``v
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
 from omegaconf import OmegaConf
 
+from .arms import BOUNDARIES, AdvantageInputs, Advantages, Arm, get_arm
 from .model import Rollout, build_critic, critic_values, log_probs_and_entropy, sample
+from .options import option
 from .tasks import Problem, Task
 from .tokenizer import CharTokenizer
-
-ESTIMATORS = ("group_ppo", "gae", "grpo", "group_ppo_all_tokens")
-NEEDS_CRITIC = {"group_ppo": True, "group_ppo_all_tokens": True, "gae": True, "grpo": False}
 
 
 @dataclass
 class RunConfig:
     """Hyperparameters shared by every arm (nothing here depends on the estimator)."""
 
-    steps: int = 400
-    prompts_per_step: int = 64
-    n_samples: int = 4
-    response_len: int = 24
-    temperature: float = 1.0
-    actor_lr: float = 2e-4
-    critic_lr: float = 1e-3
-    lr_warmup_steps: int = 10  # linear warm-up of both learning rates (fresh Adam moments are noisy)
-    ppo_epochs: int = 1
-    mini_batch_size: int = 256
-    critic_mini_batch_size: int = 64  # verl's critic.ppo_mini_batch_size (gae and group_ppo alike)
-    clip_ratio: float = 0.2
-    cliprange_value: float = 0.5
-    grad_clip: float = 1.0
-    gamma: float = 1.0
-    lam: float = 1.0
-    eval_every: int = 10
-    eval_samples: int = 2
-    group_params: dict = field(default_factory=dict)
-    record_groups_at: tuple = ()  # steps at which to keep sampled responses for the groups figure
+    steps: int = option(400, "RL steps per run (--quick: 150)")
+    prompts_per_step: int = option(64, "prompts per RL step")
+    n_samples: int = option(4, "sampled responses per prompt")
+    response_len: Optional[int] = option(None, "max response tokens (None: the task's longest worked solution "
+                                               "+ EOS + 3)", flag="--response-length", type=int)
+    temperature: float = option(1.0, "sampling temperature")
+    actor_lr: float = option(2e-4, "actor learning rate (Adam)")
+    critic_lr: float = option(1e-3, "critic learning rate (Adam)")
+    lr_warmup_steps: int = option(10, "linear warm-up of each learning rate over its first updates")
+    critic_warmup: int = option(0, "first steps that update only the critic (actor frozen; verl's "
+                                   "trainer.critic_warmup); GROUP-PPO's advantage step and threshold still run")
+    ppo_epochs: int = option(1, "passes over each batch")
+    mini_batch_size: int = option(256, "actor mini-batch (responses per update)")
+    critic_mini_batch_size: int = option(64, "critic mini-batch (responses per update; every critic arm)")
+    clip_ratio: float = option(0.2, "PPO clip ratio")
+    cliprange_value: float = option(0.5, "value clip range")
+    grad_clip: float = option(1.0, "gradient-norm clip")
+    gamma: float = option(1.0, "algorithm.gamma")
+    lam: float = option(1.0, "algorithm.lam for every critic arm (verl default 1.0)")
+    eval_every: Optional[int] = option(None, "eval interval in steps (None: steps/15)", type=int)
+    eval_size: int = option(256, "held-out prompts of the periodic evals (the first ones of the eval set)")
+    eval_samples: int = option(2, "sampled responses per held-out prompt")
+    group_params: dict = option(None, "algorithm.group_params overrides (every arm reads policy_lam/critic_lam)",
+                                cli=False, factory=dict)
+    record_groups_at: Optional[tuple] = option(None, "steps whose responses are kept for the groups figure "
+                                                     "(None: 1, steps/2, steps)", cli=False)
 
-    def algorithm_config(self, estimator: str) -> dict:
-        gp = dict(self.group_params)
-        if estimator == "group_ppo_all_tokens":
-            gp["critic_loss_on"] = "all_tokens"
-        return {"gamma": self.gamma, "lam": self.lam, "norm_adv_by_std_in_grpo": True, "group_params": gp}
+    def __post_init__(self) -> None:
+        if not 0 <= self.critic_warmup < self.steps:
+            raise ValueError(f"critic_warmup must be in [0, steps={self.steps}), got {self.critic_warmup}")
+        if "critic_loss_on" in (self.group_params or {}):
+            raise ValueError("group_params.critic_loss_on is set by the arm: choose group_ppo (boundaries) or "
+                             "group_ppo_all_tokens (all_tokens) instead")
 
+    def resolved(self, task: Task) -> "RunConfig":
+        """A copy with every None default filled in (response length from the task's longest solution)."""
+        return dataclasses.replace(
+            self,
+            response_len=self.response_len or task.max_solution_len() + 4,
+            eval_every=self.eval_every or max(1, self.steps // 15),
+            record_groups_at=(tuple(sorted({1, max(1, self.steps // 2), self.steps}))
+                              if self.record_groups_at is None else tuple(self.record_groups_at)))
 
-def _actor_loss_config(cfg: RunConfig):
-    # The fields verl's vanilla policy loss reads from its ActorConfig.
-    return OmegaConf.create({
-        "clip_ratio": cfg.clip_ratio,
-        "clip_ratio_low": cfg.clip_ratio,
-        "clip_ratio_high": cfg.clip_ratio,
-        "clip_ratio_c": 3.0,
-        "global_batch_info": {},
-    })
+    def algorithm_config(self, arm: Arm | str) -> dict:
+        """verl's ``algorithm`` config of ``arm`` (a plain dict)."""
+        arm = get_arm(arm) if isinstance(arm, str) else arm
+        group_params = {**(self.group_params or {}), **arm.group_overrides()}
+        return {"gamma": self.gamma, "lam": self.lam, "norm_adv_by_std_in_grpo": True, "group_params": group_params}
 
 
 def set_seed(seed: int) -> None:
@@ -84,7 +92,9 @@ def set_seed(seed: int) -> None:
 
 
 def rewards_for(task: Task, tok: CharTokenizer, rollout: Rollout, problems: list[Problem]):
-    """Exact verifier -> reward at the last valid response token (0 for responses cut off without EOS)."""
+    """Exact verifier -> (rewards (B, T) with the score at the last valid token, scores, texts).
+
+    Responses cut off without EOS score 0."""
     B, T = rollout.responses.shape
     rewards = torch.zeros((B, T), dtype=torch.float32, device=rollout.responses.device)
     scores, texts = [], []
@@ -92,8 +102,7 @@ def rewards_for(task: Task, tok: CharTokenizer, rollout: Rollout, problems: list
     lengths = rollout.response_mask.sum(-1).long().tolist()
     for b in range(B):
         text = tok.decode(resp[b])
-        finished = tok.eos_id in resp[b]
-        s = task.verify(text, problems[b]) if finished else 0.0
+        s = task.verify(text, problems[b]) if tok.eos_id in resp[b] else 0.0
         scores.append(s)
         texts.append(text)
         if lengths[b] > 0:
@@ -127,240 +136,304 @@ def _masked_stats(x: torch.Tensor, mask: torch.Tensor) -> tuple[float, float]:
     return float(sel.mean()), float(sel.std(correction=0))
 
 
-def compute_advantages(estimator: str, cfg: RunConfig, rewards, mask, values, index, old_log_probs, threshold_state,
-                       group_params):
-    """Returns (advantages, returns, critic_weights, extra_metrics, group_info)."""
-    from verl.trainer.ppo.core_algos import compute_gae_advantage_return, compute_grpo_outcome_advantage
-
-    metrics: dict[str, float] = {}
-    group_info = None
-    if estimator == "gae":
-        adv, ret = compute_gae_advantage_return(rewards, values, mask, gamma=cfg.gamma, lam=cfg.lam)
-        weights = mask
-    elif estimator == "grpo":
-        adv, ret = compute_grpo_outcome_advantage(rewards, mask, index, norm_adv_by_std_in_grpo=True)
-        weights = None
-    elif estimator in ("group_ppo", "group_ppo_all_tokens"):
-        from verl_group_ppo.core_algos import compute_group_ppo_outputs
-
-        out = compute_group_ppo_outputs(rewards, mask, values, index=index,
-                                        config=cfg.algorithm_config(estimator), old_log_probs=old_log_probs,
-                                        threshold=threshold_state.value)
-        threshold_state.update(out.boundary_explained_variance, group_params)
-        adv, ret = out.advantages, out.returns
-        weights = out.critic_loss_weights if group_params.critic_loss_on == "boundaries" else mask
-        metrics.update(out.metrics)
-        metrics["group/next_threshold"] = float(threshold_state.value)
-        group_info = out
-    else:
-        raise ValueError(f"unknown estimator {estimator!r}; choose from {ESTIMATORS}")
-    return adv, ret, weights, metrics, group_info
+# ---------------------------------------------------------------------------------------------------------
+# one run's state, one step's batch
 
 
-def run_one(estimator: str, seed: int, cfg: RunConfig, task: Task, tok: CharTokenizer, train: list[Problem],
-            evals: list[Problem], init_state: dict, device="cpu",
-            on_step: Callable[[dict], None] | None = None) -> dict:
-    """Train one arm from ``init_state`` (the warm-start weights); returns the run record."""
-    from verl.trainer.ppo.core_algos import compute_value_loss, get_policy_loss_fn
+@dataclass
+class Learner:
+    """Everything one run updates: models, optimisers, GROUP-PPO's threshold, and its random generators."""
 
-    from verl_group_ppo.config import GroupParams
-    from verl_group_ppo.core_algos import ThresholdState
+    arm: Arm
+    seed: int
+    settings: Any  # AlgorithmSettings
+    policy: torch.nn.Module
+    critic: Optional[torch.nn.Module]
+    actor_opt: torch.optim.Optimizer
+    critic_opt: Optional[torch.optim.Optimizer]
+    threshold: Any  # AdaptiveThreshold or None
+    prompt_rng: np.random.Generator
+    sample_gen: torch.Generator
+    actor_shuffle: torch.Generator
+    critic_shuffle: torch.Generator
+
+
+@dataclass
+class StepBatch:
+    """One step's sampled batch; tensors (B, T), ``index`` (B,) prompt ids."""
+
+    problems: list[Problem]
+    index: np.ndarray
+    rollout: Rollout
+    rewards: torch.Tensor
+    scores: list[float]
+    old_log_probs: torch.Tensor
+    values: Optional[torch.Tensor]
+
+    @property
+    def mask(self) -> torch.Tensor:
+        return self.rollout.response_mask
+
+
+def build_learner(arm: Arm, seed: int, cfg: RunConfig, tok: CharTokenizer, init_state: dict, device) -> Learner:
+    """Policy from the warm start, a critic initialised from it (critic arms), optimisers, generators."""
+    from verl_group_ppo.config import read_algorithm_settings
+    from verl_group_ppo.core_algos import AdaptiveThreshold
 
     from .model import build_policy
-    from .warmstart import encode_prompt
 
-    if estimator not in ESTIMATORS:
-        raise ValueError(f"unknown estimator {estimator!r}; choose from {ESTIMATORS}")
-    t_start = time.time()
     set_seed(seed)
-    policy = build_policy(tok.vocab_size, _size_of(init_state), seed, tok.pad_id, tok.eos_id).to(device)
+    settings = read_algorithm_settings(cfg.algorithm_config(arm))
+    policy = build_policy(tok.vocab_size, init_state["size"], seed, tok.pad_id, tok.eos_id).to(device)
     policy.load_state_dict(init_state["state_dict"])
     policy.train()
-    critic = build_critic(policy, seed).train() if NEEDS_CRITIC[estimator] else None
-    actor_opt = torch.optim.Adam(policy.parameters(), lr=cfg.actor_lr)
-    critic_opt = torch.optim.Adam(critic.parameters(), lr=cfg.critic_lr) if critic is not None else None
-    policy_loss_fn = get_policy_loss_fn("vanilla")
-    actor_loss_cfg = _actor_loss_config(cfg)
-    group_params = GroupParams.from_config(cfg.algorithm_config(estimator)["group_params"])
-    threshold = ThresholdState.from_params(group_params)
+    critic = build_critic(policy, seed).train() if arm.needs_critic else None
+    return Learner(
+        arm=arm, seed=seed, settings=settings, policy=policy, critic=critic,
+        actor_opt=torch.optim.Adam(policy.parameters(), lr=cfg.actor_lr),
+        critic_opt=torch.optim.Adam(critic.parameters(), lr=cfg.critic_lr) if critic is not None else None,
+        threshold=AdaptiveThreshold(settings.group) if arm.uses_groups else None,
+        # same prompts for every arm (seeded by the seed alone); sampling noise seeded likewise
+        prompt_rng=np.random.default_rng(seed),
+        sample_gen=torch.Generator(device=device).manual_seed(10_000 + seed),
+        actor_shuffle=torch.Generator().manual_seed(20_000 + seed),
+        critic_shuffle=torch.Generator().manual_seed(40_000 + seed),
+    )
 
-    # Same prompts for every estimator (seeded by the seed alone); sampling noise seeded likewise.
-    prompt_rng = np.random.default_rng(seed)
-    gen = torch.Generator(device=device).manual_seed(10_000 + seed)
-    shuffle_gen = torch.Generator().manual_seed(20_000 + seed)
-    critic_shuffle_gen = torch.Generator().manual_seed(40_000 + seed)
 
-    curve: list[list[float]] = []
-    history: list[dict] = []
-    group_samples: list[dict] = []
+def collect(learner: Learner, cfg: RunConfig, task: Task, tok: CharTokenizer, train: list[Problem]) -> StepBatch:
+    """Draw ``prompts_per_step`` prompts, sample ``n_samples`` responses each, verify, score old log-probs/values."""
+    from .warmstart import encode_prompt
 
-    greedy_curve: list[list[float]] = []
+    pidx = learner.prompt_rng.choice(len(train), size=cfg.prompts_per_step, replace=False)
+    problems = [train[i] for i in pidx for _ in range(cfg.n_samples)]
+    rollout = sample(learner.policy, [encode_prompt(tok, p) for p in problems], cfg.response_len, tok.pad_id,
+                     tok.eos_id, generator=learner.sample_gen, temperature=cfg.temperature)
+    rewards, scores, _ = rewards_for(task, tok, rollout, problems)
+    with torch.no_grad():
+        old_log_probs, _ = log_probs_and_entropy(learner.policy, rollout)
+        values = critic_values(learner.critic, rollout) if learner.critic is not None else None
+    return StepBatch(problems, np.repeat(pidx, cfg.n_samples), rollout, rewards, scores, old_log_probs, values)
 
-    def do_eval(step: int) -> dict:
-        acc = evaluate(policy, task, tok, evals, cfg.response_len, greedy=False, samples=cfg.eval_samples,
-                       seed=30_000 + step)
-        g = evaluate(policy, task, tok, evals, cfg.response_len, greedy=True)
-        curve.append([step, acc])
-        greedy_curve.append([step, g])
-        return {"eval/accuracy": acc, "eval/greedy_accuracy": g}
 
-    ev0 = do_eval(0)
-    if on_step is not None:
-        on_step({"estimator": estimator, "seed": seed, "step": 0, **ev0, "progress": 0})
-
-    for step in range(1, cfg.steps + 1):
-        t0 = time.time()
-        warm = min(1.0, step / max(1, cfg.lr_warmup_steps))
-        for g in actor_opt.param_groups:
-            g["lr"] = cfg.actor_lr * warm
-        if critic_opt is not None:
-            for g in critic_opt.param_groups:
-                g["lr"] = cfg.critic_lr * warm
-        pidx = prompt_rng.choice(len(train), size=cfg.prompts_per_step, replace=False)
-        problems = [train[i] for i in pidx for _ in range(cfg.n_samples)]
-        index = np.repeat(pidx, cfg.n_samples)
-        rollout = sample(policy, [encode_prompt(tok, p) for p in problems], cfg.response_len, tok.pad_id,
-                         tok.eos_id, generator=gen, temperature=cfg.temperature)
-        mask = rollout.response_mask
-        rewards, scores, texts = rewards_for(task, tok, rollout, problems)
-        t_gen = time.time() - t0
-
-        with torch.no_grad():
-            old_log_probs, _ = log_probs_and_entropy(policy, rollout)
-            values = critic_values(critic, rollout) if critic is not None else None
-
-        adv, ret, weights, m, ginfo = compute_advantages(estimator, cfg, rewards, mask, values, index, old_log_probs,
-                                                         threshold, group_params)
-        adv = adv.detach().float()
-        ret = ret.detach().float()
-
-        B = mask.shape[0]
-        mb = min(cfg.mini_batch_size, B)
-        pg_losses, vf_losses, clipfracs, kls, ents, vf_clipfracs, grad_norms = [], [], [], [], [], [], []
-        cmb = min(cfg.critic_mini_batch_size, B)
-        if critic is not None:  # critic update first, as verl's trainer does
-            for idx in _minibatches(B, cmb, cfg.ppo_epochs, critic_shuffle_gen, mask.device):
-                sub = rollout.select(idx)
-                sub_mask = mask[idx]
-                vpreds = critic_values(critic, sub)
-                if weights is mask:  # all tokens: verl's value loss unchanged
-                    vf_loss, vf_clip = compute_value_loss(vpreds, ret[idx], values[idx], sub_mask,
-                                                          cliprange_value=cfg.cliprange_value,
-                                                          loss_agg_mode="token-mean")
-                else:  # boundaries: per-token weights N_valid/N_boundary, token-mean over response tokens
-                    vf_loss, vf_clip = compute_value_loss(vpreds, ret[idx], values[idx], weights[idx],
-                                                          cliprange_value=cfg.cliprange_value,
-                                                          loss_agg_mode="token-mean",
-                                                          batch_num_tokens=sub_mask.sum())
-                critic_opt.zero_grad(set_to_none=True)
-                vf_loss.backward()
-                torch.nn.utils.clip_grad_norm_(critic.parameters(), cfg.grad_clip)
-                critic_opt.step()
-                vf_losses.append(float(vf_loss.detach()))
-                vf_clipfracs.append(float(vf_clip))
-        for idx in _minibatches(B, mb, cfg.ppo_epochs, shuffle_gen, mask.device):
-            sub = rollout.select(idx)
-            sub_mask = mask[idx]
-            logp, entropy = log_probs_and_entropy(policy, sub, with_entropy=True)
-            pg_loss, pg_metrics = policy_loss_fn(old_log_probs[idx], logp, adv[idx], sub_mask,
-                                                 loss_agg_mode="token-mean", config=actor_loss_cfg)
-            actor_opt.zero_grad(set_to_none=True)
-            pg_loss.backward()
-            gn = torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip)
-            actor_opt.step()
-            pg_losses.append(float(pg_loss.detach()))
-            clipfracs.append(pg_metrics["actor/pg_clipfrac"])
-            kls.append(pg_metrics["actor/ppo_kl"])
-            ents.append(float((entropy.detach() * sub_mask).sum() / sub_mask.sum().clamp(min=1)))
-            grad_norms.append(float(gn))
-
-        rec: dict[str, Any] = {
-            "estimator": estimator,
-            "seed": seed,
-            "step": step,
-            "reward/mean": float(np.mean(scores)),
-            "response_length/mean": float(mask.sum(-1).mean()),
-            "actor/pg_loss": float(np.mean(pg_losses)),
-            "actor/pg_clipfrac": float(np.mean(clipfracs)),
-            "actor/ppo_kl": float(np.mean(kls)),
-            "actor/entropy": float(np.mean(ents)),
-            "actor/grad_norm": float(np.mean(grad_norms)),
-        }
-        rec["advantages/mean"], rec["advantages/std"] = _masked_stats(adv, mask)
-        rec["returns/mean"], rec["returns/std"] = _masked_stats(ret, mask)
-        if critic is not None:
-            rec["critic/vf_loss"] = float(np.mean(vf_losses))
-            rec["critic/vf_clipfrac"] = float(np.mean(vf_clipfracs))
-            rec["critic/values_mean"], _ = _masked_stats(values, mask)
-            sel = mask.bool()
-            err = (ret - values)[sel]
-            var_r = ret[sel].var(correction=0)
-            rec["critic/vf_explained_var"] = float(1 - err.var(correction=0) / (var_r + 1e-8))
-        rec.update(m)
-        if step % cfg.eval_every == 0 or step == cfg.steps:
-            rec.update(do_eval(step))
-        rec["time/gen_s"] = t_gen
-        rec["time/step_s"] = time.time() - t0
-        if ginfo is not None and step in cfg.record_groups_at:
-            group_samples.append(_group_sample(step, tok, problems, rollout, scores, ginfo, values))
-        history.append(rec)
-        if on_step is not None:
-            on_step({**rec, "progress": step})
-        for k in ("actor/pg_loss",):
-            if not math.isfinite(rec[k]):
-                raise FloatingPointError(f"{estimator} seed {seed}: non-finite {k} at step {step}")
-
-    return {
-        "estimator": estimator,
-        "seed": seed,
-        "final_eval_accuracy": curve[-1][1],
-        "steps": cfg.steps,
-        "curve": curve,
-        "greedy_curve": greedy_curve,
-        "final_greedy_accuracy": greedy_curve[-1][1],
-        "wall_time_s": time.time() - t_start,
-        "final_threshold": float(threshold.value) if estimator.startswith("group_ppo") else None,
-        "history": history,
-        "group_samples": group_samples,
-        "config": asdict(cfg),
-    }
+def compute_advantages(learner: Learner, batch: StepBatch) -> Advantages:
+    """The arm's advantage step on ``batch`` (GROUP-PPO also updates its threshold); detached float tensors."""
+    inp = AdvantageInputs(batch.rewards, batch.mask, batch.values, batch.index, batch.old_log_probs,
+                          learner.settings, learner.threshold)
+    adv = learner.arm.advantage(inp)
+    adv.advantages = adv.advantages.detach().float()
+    adv.returns = adv.returns.detach().float()
+    return adv
 
 
 def _minibatches(n: int, size: int, epochs: int, generator: torch.Generator, device):
     """Index tensors of shuffled mini-batches: ``epochs`` passes over ``range(n)``, a fresh order each."""
     for _ in range(epochs):
         perm = torch.randperm(n, generator=generator).to(device)
-        for start in range(0, n, size):
+        for start in range(0, n, min(size, n)):
             yield perm[start:start + size]
 
 
-def _size_of(init_state: dict) -> str:
-    return init_state["size"]
+def _set_lr(opt: torch.optim.Optimizer, base_lr: float, updates_so_far: int, warmup: int) -> None:
+    """Linear learning-rate warm-up over the optimiser's first ``warmup`` updates (fresh Adam moments are noisy)."""
+    for g in opt.param_groups:
+        g["lr"] = base_lr * min(1.0, (updates_so_far + 1) / max(1, warmup))
 
 
-def _group_sample(step: int, tok: CharTokenizer, problems, rollout: Rollout, scores, ginfo, values,
-                  n_prompts: int = 3, per_prompt: int = 3) -> dict:
-    """A few responses with their groups and group advantages, for groups.html / groups.png.
+def update_critic(learner: Learner, batch: StepBatch, adv: Advantages, cfg: RunConfig) -> dict[str, float]:
+    """verl's clipped value loss toward ``adv.returns``, on all response tokens or (``boundaries``) with
+    GROUP-PPO's per-token weights N_valid/N_boundary, token-mean over the mini-batch's response tokens."""
+    from verl.trainer.ppo.core_algos import compute_value_loss
+
+    mask, values = batch.mask, batch.values
+    losses, clipfracs = [], []
+    for idx in _minibatches(mask.shape[0], cfg.critic_mini_batch_size, cfg.ppo_epochs, learner.critic_shuffle,
+                            mask.device):
+        vpreds = critic_values(learner.critic, batch.rollout.select(idx))
+        if learner.arm.critic_loss_on == BOUNDARIES:
+            loss, clipfrac = compute_value_loss(vpreds, adv.returns[idx], values[idx], adv.critic_weights[idx],
+                                                cliprange_value=cfg.cliprange_value, loss_agg_mode="token-mean",
+                                                batch_num_tokens=mask[idx].sum())
+        else:
+            loss, clipfrac = compute_value_loss(vpreds, adv.returns[idx], values[idx], mask[idx],
+                                                cliprange_value=cfg.cliprange_value, loss_agg_mode="token-mean")
+        learner.critic_opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(learner.critic.parameters(), cfg.grad_clip)
+        learner.critic_opt.step()
+        losses.append(float(loss.detach()))
+        clipfracs.append(float(clipfrac))
+    return {"critic/vf_loss": float(np.mean(losses)), "critic/vf_clipfrac": float(np.mean(clipfracs))}
+
+
+def _actor_loss_config(cfg: RunConfig):
+    """The fields verl's vanilla policy loss reads from its ActorConfig."""
+    return OmegaConf.create({"clip_ratio": cfg.clip_ratio, "clip_ratio_low": cfg.clip_ratio,
+                             "clip_ratio_high": cfg.clip_ratio, "clip_ratio_c": 3.0, "global_batch_info": {}})
+
+
+def update_actor(learner: Learner, batch: StepBatch, adv: Advantages, cfg: RunConfig) -> dict[str, float]:
+    """verl's vanilla (clipped PPO) policy loss, token-mean, over shuffled mini-batches."""
+    from verl.trainer.ppo.core_algos import get_policy_loss_fn
+
+    policy_loss_fn, loss_cfg = get_policy_loss_fn("vanilla"), _actor_loss_config(cfg)
+    mask, old = batch.mask, batch.old_log_probs
+    logs: dict[str, list[float]] = {k: [] for k in ("pg_loss", "pg_clipfrac", "ppo_kl", "entropy", "grad_norm")}
+    for idx in _minibatches(mask.shape[0], cfg.mini_batch_size, cfg.ppo_epochs, learner.actor_shuffle,
+                            mask.device):
+        sub_mask = mask[idx]
+        logp, entropy = log_probs_and_entropy(learner.policy, batch.rollout.select(idx), with_entropy=True)
+        pg_loss, pg_metrics = policy_loss_fn(old[idx], logp, adv.advantages[idx], sub_mask,
+                                             loss_agg_mode="token-mean", config=loss_cfg)
+        learner.actor_opt.zero_grad(set_to_none=True)
+        pg_loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(learner.policy.parameters(), cfg.grad_clip)
+        learner.actor_opt.step()
+        logs["pg_loss"].append(float(pg_loss.detach()))
+        logs["pg_clipfrac"].append(float(pg_metrics["actor/pg_clipfrac"]))
+        logs["ppo_kl"].append(float(pg_metrics["actor/ppo_kl"]))
+        logs["entropy"].append(float((entropy.detach() * sub_mask).sum() / sub_mask.sum().clamp(min=1)))
+        logs["grad_norm"].append(float(grad_norm))
+    return {f"actor/{k}": float(np.mean(v)) for k, v in logs.items()}
+
+
+def step_record(learner: Learner, step: int, batch: StepBatch, adv: Advantages,
+                updates: dict[str, float]) -> dict[str, Any]:
+    """The step's metrics: reward, lengths, update metrics, advantage/return stats, critic fit, ``group/*``."""
+    from verl_group_ppo.core_algos import explained_variance
+
+    mask = batch.mask
+    rec: dict[str, Any] = {"estimator": learner.arm.name, "seed": learner.seed, "step": step,
+                           "reward/mean": float(np.mean(batch.scores)),
+                           "response_length/mean": float(mask.sum(-1).mean()), **updates}
+    rec["advantages/mean"], rec["advantages/std"] = _masked_stats(adv.advantages, mask)
+    rec["returns/mean"], rec["returns/std"] = _masked_stats(adv.returns, mask)
+    if batch.values is not None:
+        rec["critic/values_mean"], _ = _masked_stats(batch.values, mask)
+        rec["critic/vf_explained_var"] = explained_variance(adv.returns, batch.values, mask)
+    rec.update(adv.metrics)
+    return rec
+
+
+# ---------------------------------------------------------------------------------------------------------
+# evaluation and the run
+
+
+@dataclass
+class Evaluator:
+    """Periodic evals on the first ``eval_size`` held-out prompts; the final eval on all of them."""
+
+    task: Task
+    tok: CharTokenizer
+    evals: list[Problem]
+    cfg: RunConfig
+    curve: list = dataclasses.field(default_factory=list)
+    greedy_curve: list = dataclasses.field(default_factory=list)
+
+    def __call__(self, policy, step: int, final: bool = False) -> dict[str, float]:
+        """Evaluate ``policy`` at ``step`` (sampled and greedy) and append to the curves."""
+        problems = self.evals if final else self.evals[:self.cfg.eval_size]
+        acc = evaluate(policy, self.task, self.tok, problems, self.cfg.response_len, greedy=False,
+                       samples=self.cfg.eval_samples, seed=30_000 + step)
+        greedy = evaluate(policy, self.task, self.tok, problems, self.cfg.response_len, greedy=True)
+        self.curve.append([step, acc])
+        self.greedy_curve.append([step, greedy])
+        return {"eval/accuracy": acc, "eval/greedy_accuracy": greedy}
+
+
+def train_step(learner: Learner, step: int, cfg: RunConfig, task: Task, tok: CharTokenizer,
+               train: list[Problem]) -> tuple[dict[str, Any], StepBatch, Advantages]:
+    """One RL step: sample, advantages, critic update, then (after ``critic_warmup`` steps) actor update."""
+    t0 = time.time()
+    batch = collect(learner, cfg, task, tok, train)
+    t_gen = time.time() - t0
+    adv = compute_advantages(learner, batch)
+    updates: dict[str, float] = {}
+    if learner.critic is not None:  # critic first, as verl's trainer does
+        _set_lr(learner.critic_opt, cfg.critic_lr, step - 1, cfg.lr_warmup_steps)
+        updates.update(update_critic(learner, batch, adv, cfg))
+    if step > cfg.critic_warmup:
+        _set_lr(learner.actor_opt, cfg.actor_lr, step - 1 - cfg.critic_warmup, cfg.lr_warmup_steps)
+        updates.update(update_actor(learner, batch, adv, cfg))
+    rec = step_record(learner, step, batch, adv, updates)
+    rec["time/gen_s"] = t_gen
+    return rec, batch, adv
+
+
+def run_one(estimator: str, seed: int, cfg: RunConfig, task: Task, tok: CharTokenizer, train: list[Problem],
+            evals: list[Problem], init_state: dict, device="cpu",
+            on_step: Callable[[dict], None] | None = None) -> dict:
+    """Train one arm from ``init_state`` (the warm-start weights); returns the run record.
+
+    ``evals`` is the held-out set: periodic evals use its first ``cfg.eval_size`` prompts, the final eval
+    (after the last step) all of it."""
+    arm = get_arm(estimator)
+    cfg = cfg.resolved(task)
+    t_start = time.time()
+    learner = build_learner(arm, seed, cfg, tok, init_state, device)
+    evaluator = Evaluator(task, tok, evals, cfg)
+    report = on_step or (lambda rec: None)
+    report({"estimator": arm.name, "seed": seed, "step": 0, **evaluator(learner.policy, 0), "progress": 0})
+    history, group_samples = [], []
+    for step in range(1, cfg.steps + 1):
+        t0 = time.time()
+        rec, batch, adv = train_step(learner, step, cfg, task, tok, train)
+        if step == cfg.steps:
+            rec.update(evaluator(learner.policy, step, final=True))
+        elif step % cfg.eval_every == 0:
+            rec.update(evaluator(learner.policy, step))
+        rec["time/step_s"] = time.time() - t0
+        if adv.groups is not None and step in cfg.record_groups_at:
+            group_samples.append(_group_sample(step, tok, batch, adv.groups))
+        history.append(rec)
+        report({**rec, "progress": step})
+        if "actor/pg_loss" in rec and not math.isfinite(rec["actor/pg_loss"]):
+            raise FloatingPointError(f"{arm.name} seed {seed}: non-finite actor/pg_loss at step {step}")
+    return _run_result(arm, seed, cfg, evaluator, learner, history, group_samples, time.time() - t_start)
+
+
+def _run_result(arm: Arm, seed: int, cfg: RunConfig, evaluator: Evaluator, learner: Learner, history: list,
+                group_samples: list, wall_time_s: float) -> dict:
+    accuracies = [a for _, a in evaluator.curve]
+    return {
+        "estimator": arm.name,
+        "seed": seed,
+        "final_eval_accuracy": evaluator.curve[-1][1],
+        "final_eval_samples": len(evaluator.evals) * cfg.eval_samples,
+        "curve_area": float(np.mean(accuracies)),
+        "steps": cfg.steps,
+        "curve": evaluator.curve,
+        "greedy_curve": evaluator.greedy_curve,
+        "final_greedy_accuracy": evaluator.greedy_curve[-1][1],
+        "wall_time_s": wall_time_s,
+        "final_threshold": float(learner.threshold.value) if learner.threshold is not None else None,
+        "history": history,
+        "group_samples": group_samples,
+        "config": asdict(cfg),
+    }
+
+
+def _group_sample(step: int, tok: CharTokenizer, batch: StepBatch, groups, n_prompts: int = 3,
+                  per_prompt: int = 3) -> dict:
+    """A few responses with their groups, group advantages and values, for groups.html / groups.png.
 
     Picks prompts whose responses have mixed rewards when possible (those carry the learning signal).
     """
-    n = len(problems)
-    group_size = max(1, n // max(1, len({p.prompt for p in problems})))
-    rows = []
+    n, scores = len(batch.problems), batch.scores
+    group_size = max(1, n // max(1, len({p.prompt for p in batch.problems})))
     starts = list(range(0, n, group_size))
     mixed = [s for s in starts if 0 < sum(scores[s:s + group_size]) < group_size]
-    chosen = (mixed + [s for s in starts if s not in mixed])[:n_prompts]
-    for s in chosen:
+    rows = []
+    for s in (mixed + [s for s in starts if s not in mixed])[:n_prompts]:
         for b in range(s, min(s + per_prompt, n)):
-            L = int(rollout.response_mask[b].sum())
-            toks = [tok.token_str(i) for i in rollout.responses[b, :L].tolist()]
+            length = int(batch.mask[b].sum())
             rows.append({
-                "prompt": problems[b].prompt,
-                "answer": problems[b].answer,
+                "prompt": batch.problems[b].prompt,
+                "answer": batch.problems[b].answer,
                 "reward": scores[b],
-                "tokens": toks,
-                "group_ids": ginfo.group_ids[b, :L].tolist(),
-                "advantages": [round(float(x), 4) for x in ginfo.advantages[b, :L].tolist()],
-                "values": [round(float(x), 4) for x in values[b, :L].tolist()],
+                "tokens": [tok.token_str(i) for i in batch.rollout.responses[b, :length].tolist()],
+                "group_ids": groups.group_ids[b, :length].tolist(),
+                "advantages": [round(float(x), 4) for x in groups.advantages[b, :length].tolist()],
+                "values": [round(float(x), 4) for x in batch.values[b, :length].tolist()],
             })
-    return {"step": step, "threshold": float(ginfo.threshold), "rows": rows}
+    return {"step": step, "threshold": float(groups.threshold), "rows": rows}

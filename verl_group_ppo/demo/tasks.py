@@ -83,6 +83,14 @@ class Task:
         """
         return problem.solution
 
+    def max_solution_len(self) -> int:
+        """Characters in the longest worked solution the task can produce (EOS not counted)."""
+        return max(len(p.solution) for p in self.problems(2000, 0))
+
+    def spec(self) -> dict[str, Any]:
+        """The task's name and settings (its public attributes): what the warm-start cache is keyed on."""
+        return {"name": self.name, **{k: v for k, v in sorted(vars(self).items()) if not k.startswith("_")}}
+
     def corpus(self, n: int = 2000, seed: int = 0) -> list[str]:
         """Text the tokenizer is trained on."""
         return [p.prompt + p.solution for p in self.problems(n, seed)]
@@ -96,6 +104,12 @@ class ChainSumTask(Task):
     def __init__(self, min_terms: int = 4, max_terms: int = 5, min_digits: int = 1, max_digits: int = 1):
         self.min_terms, self.max_terms = min_terms, max_terms
         self.min_digits, self.max_digits = min_digits, max_digits
+
+    def max_solution_len(self) -> int:
+        """``max_terms - 1`` running totals and the answer, each at most ``max_terms * (10**max_digits - 1)``
+        in absolute value with a sign, plus the separators and ``#``: ``max_terms * (width + 1)``."""
+        width = len(str(self.max_terms * (10 ** self.max_digits - 1))) + 1
+        return self.max_terms * (width + 1)
 
     def _dataset(self, n: int, seed: int):
         import reasoning_gym
@@ -166,6 +180,10 @@ class ModChainTask(Task):
     def __init__(self, min_terms: int = 4, max_terms: int = 6):
         self.min_terms, self.max_terms = min_terms, max_terms
 
+    def max_solution_len(self) -> int:
+        """``max_terms - 1`` one-digit results and the answer with separators and ``#``."""
+        return 2 * self.max_terms
+
     def problems(self, n: int, seed: int) -> list[Problem]:
         rng = random.Random(seed)
         ops: dict[str, Callable[[int, int], int]] = {
@@ -204,10 +222,27 @@ class ModChainTask(Task):
 TASKS: dict[str, Callable[[], Task]] = {"chain_sum": ChainSumTask, "mod_chain": ModChainTask}
 
 
-def make_task(name: str) -> Task:
+def make_task(name: str, terms: tuple[int, int] | None = None) -> Task:
+    """Task ``name`` with its default term counts, or ``terms = (min_terms, max_terms)`` terms per chain."""
     if name not in TASKS:
         raise ValueError(f"unknown task {name!r}; choose one of {sorted(TASKS)}")
-    return TASKS[name]()
+    if terms is None:
+        return TASKS[name]()
+    lo, hi = terms
+    if not 2 <= lo <= hi:
+        raise ValueError(f"terms must be MIN-MAX with 2 <= MIN <= MAX, got {lo}-{hi}")
+    return TASKS[name](min_terms=lo, max_terms=hi)
+
+
+def parse_terms(text: str) -> tuple[int, int]:
+    """``"4-5"`` -> (4, 5); ``"6"`` -> (6, 6). ValueError naming ``--terms`` otherwise."""
+    try:
+        parts = [int(x) for x in text.split("-")]
+    except ValueError:
+        parts = []
+    if len(parts) not in (1, 2) or not 2 <= parts[0] <= parts[-1]:
+        raise ValueError(f"--terms expects MIN-MAX with 2 <= MIN <= MAX (e.g. 4-5), got {text!r}")
+    return parts[0], parts[-1]
 
 
 def split_problems(task: Task, n_train: int, n_eval: int, seed: int = 1234) -> tuple[list[Problem], list[Problem]]:

@@ -2,8 +2,8 @@
 
 RL from a random tiny model would see almost no reward; a brief supervised phase on the task's worked
 solutions (running totals, then ``#answer``) gives a policy with a modest non-zero accuracy. It is trained
-once per (task, model size, steps, data) and reused by every estimator and seed, so all arms start from
-the very same weights.
+once per (task and its term counts, model size, steps, data, response length) and reused by every
+estimator and seed, so all arms start from the very same weights.
 """
 
 from __future__ import annotations
@@ -41,8 +41,12 @@ def teacher_forced_batch(tok: CharTokenizer, problems: list[Problem], device, re
 
 
 def warmstart_key(task: Task, size: str, steps: int, batch_size: int, lr: float, seed: int, n_train: int,
-                  slip_prob: float) -> str:
-    blob = json.dumps([task.name, size, steps, batch_size, lr, seed, n_train, slip_prob, 2], sort_keys=True)
+                  slip_prob: float, response_len: int | None = None) -> str:
+    """Cache key of a warm start: the task with its settings (``Task.spec``: term counts...), the model size,
+    the training settings and the response length the solutions were cut to."""
+    spec = task.spec() if hasattr(task, "spec") else task.name
+    blob = json.dumps([spec, size, steps, batch_size, lr, seed, n_train, slip_prob, response_len, 3],
+                      sort_keys=True)
     return hashlib.sha1(blob.encode()).hexdigest()[:12]
 
 
@@ -87,7 +91,7 @@ def load_or_train_warmstart(cache_dir: str, task: Task, tok: CharTokenizer, trai
                             steps: int, batch_size: int, lr: float, seed: int, response_len: int, device,
                             progress_factory=None, log=print, slip_prob: float = 0.0):
     """Return (policy, info); trained weights are cached under ``cache_dir``."""
-    key = warmstart_key(task, size, steps, batch_size, lr, seed, len(train), slip_prob)
+    key = warmstart_key(task, size, steps, batch_size, lr, seed, len(train), slip_prob, response_len)
     path = os.path.join(cache_dir, f"warmstart-{task.name}-{size}-{key}.pt")
     policy = build_policy(tok.vocab_size, size, seed, tok.pad_id, tok.eos_id).to(device)
     if os.path.exists(path):

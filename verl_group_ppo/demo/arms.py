@@ -1,0 +1,159 @@
+"""The demo's arms: one record per advantage estimator, the only place the list of arms is spelled.
+
+Every arm runs the same RL loop (:mod:`.rl`); an :class:`Arm` says what differs: how advantages and
+critic targets are computed, whether there is a critic and how its loss is taken, and how the arm is
+labelled and coloured in the outputs.
+
+* ``group_ppo``            - ours: ``compute_group_ppo_outputs`` with the adaptive threshold; the critic is
+                             trained at group boundaries only (spec Step 7).
+* ``group_ppo_all_tokens`` - the same with ``critic_loss_on: all_tokens``.
+* ``gae``                  - PPO: verl's ``compute_gae_advantage_return`` with ``lam``.
+* ``gae_decoupled``        - PPO with decoupled-lambda GAE: verl's GAE with ``policy_lam`` for the
+                             advantages and again with ``critic_lam`` for the critic's returns.
+* ``grpo``                 - verl's ``compute_grpo_outcome_advantage``; no critic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import numpy as np
+import torch
+
+# critic-loss modes
+NO_CRITIC = None
+ALL_TOKENS = "all_tokens"  # verl's value loss, unchanged, on every response token
+BOUNDARIES = "boundaries"  # verl's value loss with GROUP-PPO's boundary weights (spec Step 7)
+
+
+@dataclass
+class AdvantageInputs:
+    """One training batch as an estimator sees it. Tensors are (B, T) unless noted.
+
+    Attributes:
+        rewards: token-level rewards (the verifier's 0/1 at the last valid token).
+        mask: response mask, float 0/1.
+        values: critic values V (None for arms without a critic).
+        index: (B,) prompt ids (verl's ``uid``).
+        old_log_probs: the sampling policy's log-probs.
+        settings: the arm's :class:`~verl_group_ppo.config.AlgorithmSettings`.
+        threshold: GROUP-PPO's :class:`~verl_group_ppo.core_algos.AdaptiveThreshold` (None for other arms).
+    """
+
+    rewards: torch.Tensor
+    mask: torch.Tensor
+    values: Optional[torch.Tensor]
+    index: np.ndarray
+    old_log_probs: torch.Tensor
+    settings: Any
+    threshold: Any = None
+
+
+@dataclass
+class Advantages:
+    """An estimator's output: (B, T) advantages and returns (critic targets), critic-loss weights for the
+    ``boundaries`` mode, ``metrics`` to log, and GROUP-PPO's full outputs (``groups``) when it has them."""
+
+    advantages: torch.Tensor
+    returns: torch.Tensor
+    critic_weights: Optional[torch.Tensor] = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    groups: Any = None
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One estimator of the comparison.
+
+    Attributes:
+        name: the CLI and results name.
+        label: the name in tables and plots.
+        color: matplotlib colour of its curves.
+        critic_loss_on: :data:`NO_CRITIC` (None), :data:`ALL_TOKENS` or :data:`BOUNDARIES`.
+        advantage: ``AdvantageInputs -> Advantages``.
+        uses_groups: GROUP-PPO: it has groups and an adaptive threshold (and group samples to draw).
+    """
+
+    name: str
+    label: str
+    color: str
+    critic_loss_on: Optional[str]
+    advantage: Callable[[AdvantageInputs], Advantages]
+    uses_groups: bool = False
+
+    @property
+    def needs_critic(self) -> bool:
+        return self.critic_loss_on is not NO_CRITIC
+
+    def group_overrides(self) -> dict[str, Any]:
+        """The ``group_params`` the arm itself fixes (its critic-loss mode, for GROUP-PPO arms)."""
+        return {"critic_loss_on": self.critic_loss_on} if self.uses_groups else {}
+
+
+def _gae(inp: AdvantageInputs) -> Advantages:
+    from verl.trainer.ppo.core_algos import compute_gae_advantage_return
+
+    adv, ret = compute_gae_advantage_return(inp.rewards, inp.values, inp.mask, gamma=inp.settings.gamma,
+                                            lam=inp.settings.lam)
+    return Advantages(adv, ret)
+
+
+def decoupled_gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float,
+                  policy_lam: float, critic_lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Decoupled-lambda GAE from verl's GAE: advantages with ``policy_lam``, returns with ``critic_lam``.
+
+    All tensors (B, T). verl's GAE is run once when the two lambdas are equal, else twice.
+    """
+    from verl.trainer.ppo.core_algos import compute_gae_advantage_return
+
+    adv, ret = compute_gae_advantage_return(rewards, values, mask, gamma=gamma, lam=policy_lam)
+    if critic_lam != policy_lam:
+        _, ret = compute_gae_advantage_return(rewards, values, mask, gamma=gamma, lam=critic_lam)
+    return adv, ret
+
+
+def _gae_decoupled(inp: AdvantageInputs) -> Advantages:
+    s = inp.settings
+    adv, ret = decoupled_gae(inp.rewards, inp.values, inp.mask, s.gamma, s.policy_lam, s.critic_lam)
+    return Advantages(adv, ret, metrics={"gae/policy_lam": float(s.policy_lam),
+                                         "gae/critic_lam": float(s.critic_lam)})
+
+
+def _grpo(inp: AdvantageInputs) -> Advantages:
+    from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
+
+    adv, ret = compute_grpo_outcome_advantage(inp.rewards, inp.mask, inp.index,
+                                              norm_adv_by_std_in_grpo=inp.settings.norm_adv_by_std_in_grpo)
+    return Advantages(adv, ret)
+
+
+def _group_ppo(inp: AdvantageInputs) -> Advantages:
+    """GROUP-PPO's advantage step, then one adaptive-threshold update (the new tau applies next batch)."""
+    from verl_group_ppo.core_algos import compute_group_ppo_outputs
+
+    out = compute_group_ppo_outputs(inp.rewards, inp.mask, values=inp.values, settings=inp.settings,
+                                    index=inp.index, old_log_probs=inp.old_log_probs,
+                                    threshold=inp.threshold.value)
+    inp.threshold.update(out)
+    metrics = {**out.metrics, "group/next_threshold": float(inp.threshold.value)}
+    return Advantages(out.advantages, out.returns, out.critic_loss_weights, metrics, out)
+
+
+ARMS: dict[str, Arm] = {a.name: a for a in (
+    Arm("group_ppo", "GROUP-PPO", "#d62728", BOUNDARIES, _group_ppo, uses_groups=True),
+    Arm("group_ppo_all_tokens", "GROUP-PPO (critic on all tokens)", "#ff7f0e", ALL_TOKENS, _group_ppo,
+        uses_groups=True),
+    Arm("gae", "PPO (GAE)", "#1f77b4", ALL_TOKENS, _gae),
+    Arm("gae_decoupled", "PPO (decoupled-lambda GAE)", "#9467bd", ALL_TOKENS, _gae_decoupled),
+    Arm("grpo", "GRPO", "#2ca02c", NO_CRITIC, _grpo),
+)}
+#: the arms a plain ``python -m verl_group_ppo.demo`` compares
+DEFAULT_ARMS = ("group_ppo", "gae", "grpo")
+
+
+def get_arm(name: str) -> Arm:
+    """The arm called ``name``; ValueError listing the known arms otherwise."""
+    if name not in ARMS:
+        raise ValueError(f"unknown estimator {name!r}; choose from {', '.join(ARMS)}")
+    return ARMS[name]
