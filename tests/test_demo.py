@@ -137,8 +137,12 @@ def tiny_setup():
 @pytest.mark.parametrize("estimator", list(ARMS))
 def test_each_estimator_runs_a_few_steps(tiny_setup, estimator):
     task, tok, train, evals, init, cfg = tiny_setup
-    res = run_one(estimator, 0, cfg, task, tok, train, evals, init)
+    res = run_one(estimator, 0, cfg, task, tok, train, evals, init, keep_models=True)
     assert res["estimator"] == estimator and res["steps"] == 3
+    models = res.pop("models")
+    assert (models["critic"] is not None) == ARMS[estimator].needs_critic
+    trained = models["policy"].state_dict()
+    assert any(not torch.equal(trained[k], v) for k, v in init["state_dict"].items())
     assert [s for s, _ in res["curve"]] == [0, 2, 3]
     assert all(0.0 <= a <= 1.0 for _, a in res["curve"])
     for rec in res["history"]:

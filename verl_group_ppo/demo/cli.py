@@ -212,8 +212,34 @@ class StepSink:
         self.file.close()
 
 
-def prepare(opts: DemoOptions, cfg: RunConfig, device: str, log) -> dict[str, Any]:
-    """Task, data split, tokenizer and the shared (cached) warm start, with its eval accuracies."""
+@dataclass
+class DemoSetup:
+    """What every run shares: the task, the resolved run config, tokenizer, data and the warm start.
+
+    Attributes:
+        task: the task (with ``--terms`` applied); ``terms``: (min, max) or None for the task's own.
+        cfg: the RunConfig with its None defaults resolved for ``task``.
+        tok: the character tokenizer; ``train``/``evals``: training pool and held-out set (no shared prompt).
+        init_state: ``{"state_dict", "size"}`` of the warm-started policy (what ``run_one`` starts from).
+        warmstart: the warm start's info (cached or not, seconds, key...); ``warmstart_accuracy`` and
+            ``warmstart_greedy_accuracy`` on the periodic-eval prompts.
+    """
+
+    task: Any
+    terms: Optional[tuple[int, int]]
+    cfg: RunConfig
+    tok: Any
+    train: list
+    evals: list
+    init_state: dict
+    warmstart: dict
+    warmstart_accuracy: float
+    warmstart_greedy_accuracy: float
+
+
+def setup_demo(opts: DemoOptions, cfg: RunConfig, device: str = "cpu", log=print) -> DemoSetup:
+    """Task, data split, tokenizer (also written to ``opts.output_dir``) and the shared warm start (cached
+    under ``opts.output_dir/cache``), with its eval accuracies. ``opts.output_dir`` must be set."""
     from tqdm.auto import tqdm
 
     from .rl import evaluate
@@ -226,6 +252,7 @@ def prepare(opts: DemoOptions, cfg: RunConfig, device: str, log) -> dict[str, An
     cfg = cfg.resolved(task)
     train, evals = split_problems(task, opts.train_size, max(opts.final_eval_size, cfg.eval_size))
     tok = CharTokenizer.train(task.corpus() + [task.alphabet])
+    os.makedirs(opts.output_dir, exist_ok=True)
     with open(os.path.join(opts.output_dir, "tokenizer.json"), "w") as f:
         f.write(tok.to_str())
     factory = (lambda **kw: tqdm(**kw)) if not opts.no_progress else None
@@ -240,8 +267,7 @@ def prepare(opts: DemoOptions, cfg: RunConfig, device: str, log) -> dict[str, An
         f"({'cached' if ws_info.get('cached') else '%.0fs' % ws_info['seconds']})")
     init_state = {"state_dict": {k: v.detach().cpu() for k, v in policy.state_dict().items()},
                   "size": opts.model_size}
-    return {"task": task, "terms": terms, "cfg": cfg, "tok": tok, "train": train, "evals": evals,
-            "init_state": init_state, "ws_info": ws_info, "ws_acc": ws_acc, "ws_greedy": ws_greedy}
+    return DemoSetup(task, terms, cfg, tok, train, evals, init_state, ws_info, ws_acc, ws_greedy)
 
 
 def write_outputs(out_dir: str, results: list[dict], meta: dict, first_seed: int) -> str:
@@ -294,13 +320,12 @@ def main(argv: list[str] | None = None) -> int:
     log(f"[demo] task={opts.task} terms={opts.terms or 'default'} model={opts.model_size} device={device} "
         f"estimators={arms} seeds={seeds} steps={cfg.steps} workers={workers} threads/run={threads} "
         f"-> {opts.output_dir}")
-    prep = prepare(opts, cfg, device, log)
-    cfg = prep["cfg"]
-    meta = _meta(argv, opts, cfg, prep, seeds, arms, device, workers, threads)
+    prep = setup_demo(opts, cfg, device, log)
+    cfg = prep.cfg
+    meta = _meta(argv, opts, prep, seeds, arms, device, workers, threads)
     sink = StepSink(os.path.join(opts.output_dir, "metrics.jsonl"), jobs, cfg.steps, not opts.no_progress)
-    ctx = {"task": opts.task, "terms": prep["terms"], "tokenizer": prep["tok"].to_str(), "train": prep["train"],
-           "evals": prep["evals"], "init_state": prep["init_state"], "cfg": cfg, "device": device,
-           "threads": threads}
+    ctx = {"task": opts.task, "terms": prep.terms, "tokenizer": prep.tok.to_str(), "train": prep.train,
+           "evals": prep.evals, "init_state": prep.init_state, "cfg": cfg, "device": device, "threads": threads}
     try:
         results = run_jobs(jobs, ctx, workers, sink)
     finally:
@@ -314,16 +339,18 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _meta(argv, opts: DemoOptions, cfg: RunConfig, prep: dict, seeds: list[int], arms: list[str], device: str,
+def _meta(argv, opts: DemoOptions, prep: DemoSetup, seeds: list[int], arms: list[str], device: str,
           workers: int, threads: int) -> dict[str, Any]:
+    cfg = prep.cfg
     return {
         "command": "python -m verl_group_ppo.demo " + " ".join(sys.argv[1:] if argv is None else argv),
-        "task": prep["task"].name, "task_spec": prep["task"].spec(), "model_size": opts.model_size,
+        "task": prep.task.name, "task_spec": prep.task.spec(), "model_size": opts.model_size,
         "steps": cfg.steps, "seeds": seeds, "estimators": arms, "prompts_per_step": cfg.prompts_per_step,
-        "n_samples": cfg.n_samples, "eval_size": min(cfg.eval_size, len(prep["evals"])),
-        "final_eval_size": len(prep["evals"]), "eval_samples": cfg.eval_samples, "device": device,
+        "n_samples": cfg.n_samples, "eval_size": min(cfg.eval_size, len(prep.evals)),
+        "final_eval_size": len(prep.evals), "eval_samples": cfg.eval_samples, "device": device,
         "workers": workers, "threads": threads, "critic_warmup": cfg.critic_warmup,
-        "warmstart": {k: v for k, v in prep["ws_info"].items() if k != "path"},
-        "warmstart_eval_accuracy": prep["ws_acc"], "warmstart_greedy_accuracy": prep["ws_greedy"],
+        "warmstart": {k: v for k, v in prep.warmstart.items() if k != "path"},
+        "warmstart_eval_accuracy": prep.warmstart_accuracy,
+        "warmstart_greedy_accuracy": prep.warmstart_greedy_accuracy,
         "options": asdict(opts), "run_config": asdict(cfg),
     }

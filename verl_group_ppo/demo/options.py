@@ -53,8 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, notes: Optional[di
         if isinstance(default, bool):
             kwargs.update(action="store_true", help=text)
         else:
-            kwargs.update(type=f.metadata.get("type") or type(default), metavar=f.name.upper(),
-                          help=f"{text} (default: {default})")
+            shown = "" if default is None else f" (default: {default})"  # a None default explains itself
+            kwargs.update(type=f.metadata.get("type") or type(default), metavar=f.name.upper(), help=text + shown)
         group.add_argument(flag_of(f), **kwargs)
 
 

@@ -362,11 +362,13 @@ def train_step(learner: Learner, step: int, cfg: RunConfig, task: Task, tok: Cha
 
 def run_one(estimator: str, seed: int, cfg: RunConfig, task: Task, tok: CharTokenizer, train: list[Problem],
             evals: list[Problem], init_state: dict, device="cpu",
-            on_step: Callable[[dict], None] | None = None) -> dict:
+            on_step: Callable[[dict], None] | None = None, keep_models: bool = False) -> dict:
     """Train one arm from ``init_state`` (the warm-start weights); returns the run record.
 
     ``evals`` is the held-out set: periodic evals use its first ``cfg.eval_size`` prompts, the final eval
-    (after the last step) all of it."""
+    (after the last step) all of it. With ``keep_models`` the record also holds
+    ``"models": {"policy": module, "critic": module or None}``, the trained modules (in-process use only;
+    results.json never stores them)."""
     arm = get_arm(estimator)
     cfg = cfg.resolved(task)
     t_start = time.time()
@@ -389,7 +391,10 @@ def run_one(estimator: str, seed: int, cfg: RunConfig, task: Task, tok: CharToke
         report({**rec, "progress": step})
         if "actor/pg_loss" in rec and not math.isfinite(rec["actor/pg_loss"]):
             raise FloatingPointError(f"{arm.name} seed {seed}: non-finite actor/pg_loss at step {step}")
-    return _run_result(arm, seed, cfg, evaluator, learner, history, group_samples, time.time() - t_start)
+    result = _run_result(arm, seed, cfg, evaluator, learner, history, group_samples, time.time() - t_start)
+    if keep_models:
+        result["models"] = {"policy": learner.policy, "critic": learner.critic}
+    return result
 
 
 def _run_result(arm: Arm, seed: int, cfg: RunConfig, evaluator: Evaluator, learner: Learner, history: list,
