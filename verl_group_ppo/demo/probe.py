@@ -97,14 +97,14 @@ def _completion_scores(task, tok, problems, heads: list[list[int]], tails: list[
             for p, head, tail in zip(problems, heads, tails)]
 
 
-def sample_probe_batch(policy, critic, ctx: dict[str, Any], opts: ProbeOptions, generator) -> ProbeBatch:
+def sample_probe_batch(policy, critic, setup, opts: ProbeOptions, generator) -> ProbeBatch:
     """Sample ``prompts x samples`` held-out responses and measure them (critic values, MC values, first wrong token)."""
     from .model import critic_values, log_probs_and_entropy, sample
     from .rl import rewards_for
     from .warmstart import encode_prompt
 
-    task, tok, cfg = ctx["task"], ctx["tok"], ctx["cfg"]
-    problems = [p for p in ctx["evals"][:opts.prompts] for _ in range(opts.samples)]
+    task, tok, cfg = setup.task, setup.tok, setup.cfg
+    problems = [p for p in setup.evals[:opts.prompts] for _ in range(opts.samples)]
     rollout = sample(policy, [encode_prompt(tok, p) for p in problems], cfg.response_len, tok.pad_id, tok.eos_id,
                      generator=generator)
     rewards, scores, _ = rewards_for(task, tok, rollout, problems)
@@ -134,22 +134,23 @@ def score_configs(batch: ProbeBatch) -> list[dict[str, Any]]:
     return rows
 
 
-def run_checkpoints(ctx: dict[str, Any], opts: ProbeOptions, log) -> dict[str, Any]:
-    """Critic-only steps, probe (warm start); RL steps, probe again. Returns the JSON record."""
+def run_checkpoints(setup, opts: ProbeOptions, log) -> dict[str, Any]:
+    """Critic-only steps, probe (warm start); RL steps, probe again. ``setup`` is the demo's
+    :class:`~verl_group_ppo.demo.cli.DemoSetup`. Returns the JSON record."""
     from .arms import get_arm
     from .rl import build_learner, train_step
 
-    cfg = dataclasses.replace(ctx["cfg"], steps=opts.critic_steps + opts.rl_steps, critic_warmup=opts.critic_steps)
-    learner = build_learner(get_arm(opts.arm), opts.seed, cfg, ctx["tok"], ctx["init_state"], "cpu")
+    cfg = dataclasses.replace(setup.cfg, steps=opts.critic_steps + opts.rl_steps, critic_warmup=opts.critic_steps)
+    learner = build_learner(get_arm(opts.arm), opts.seed, cfg, setup.tok, setup.init_state, "cpu")
     generator = torch.Generator().manual_seed(50_000 + opts.seed)
     result: dict[str, Any] = {"options": dataclasses.asdict(opts), "checkpoints": {}}
     done = 0
     for name, upto in (("warm start", opts.critic_steps), (f"after {opts.rl_steps} RL steps", cfg.steps)):
         for step in range(done + 1, upto + 1):
-            train_step(learner, step, cfg, ctx["task"], ctx["tok"], ctx["train"])
+            train_step(learner, step, cfg, setup.task, setup.tok, setup.train)
         done = upto
         t0 = time.time()
-        batch = sample_probe_batch(learner.policy, learner.critic, ctx, opts, generator)
+        batch = sample_probe_batch(learner.policy, learner.critic, setup, opts, generator)
         rows = score_configs(batch)
         log(f"[probe] {name}: accuracy {batch.accuracy:.3f}, {len(rows)} rows in {time.time() - t0:.0f}s")
         result["checkpoints"][name] = {"accuracy": batch.accuracy, "failed_with_wrong_token":
@@ -212,7 +213,7 @@ def _plot(out_dir: str, result: dict[str, Any]) -> None:
 
 def main(argv: Optional[list[str]] = None) -> int:
     """Parse the flags, prepare the demo's task and warm start (cached in the output dir), probe, report."""
-    from .cli import DemoOptions, prepare
+    from .cli import DemoOptions, setup_demo
     from .rl import RunConfig
 
     parser = argparse.ArgumentParser(prog="python -m verl_group_ppo.demo.probe", description=__doc__,
@@ -226,8 +227,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     demo = DemoOptions(output_dir=opts.demo_dir, task=opts.task, terms=opts.terms,
                        warmstart_steps=opts.warmstart_steps, no_progress=True)
     t0 = time.time()
-    ctx = prepare(demo, RunConfig(steps=opts.critic_steps + opts.rl_steps), "cpu", log=print)
-    result = run_checkpoints(ctx, opts, log=print)
+    setup = setup_demo(demo, RunConfig(steps=opts.critic_steps + opts.rl_steps), "cpu", log=print)
+    result = run_checkpoints(setup, opts, log=print)
     result["wall_time_s"] = time.time() - t0
     print(write_report(opts.output_dir, result))
     print(f"[probe] wrote {opts.output_dir}/probe.md, probe.json, probe.png in {result['wall_time_s']:.0f}s")
