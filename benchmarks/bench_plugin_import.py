@@ -11,9 +11,10 @@ installs the trainer classes). Prints medians and the on-minus-off difference pe
 
 Fresh-interpreter timings on a shared machine carry noise of a few hundred ms, far above the plugin's
 cost, so the plugin-off processes also time the plugin's own work directly, in process, after the three
-stages: verl's entry-point discovery, then importing ``verl_group_ppo.plugin`` (whose hooks then fire at
-once, as every hooked verl module is already imported: estimator registration with the import of our
-math module, the need_critic replacement, and the trainer classes with the import of our trainer module).
+stages: verl's entry-point discovery, then importing ``verl_group_ppo.integration.entry_point`` (whose
+hooks then fire at once for every hooked verl module already imported: estimator registration with the
+import of our math module, the need_critic and validate_config wrappers, and the trainer classes with
+the import of our trainer module; ``verl.trainer.main_ppo`` is not imported, so its hook stays pending).
 """
 
 from __future__ import annotations
@@ -40,9 +41,9 @@ if verl._plugins_policy == "none":
     t4 = time.perf_counter()
     list(entry_points(group="verl.plugins"))
     t5 = time.perf_counter()
-    import verl_group_ppo.plugin
+    import verl_group_ppo.integration.entry_point as entry_point
     t6 = time.perf_counter()
-    assert not verl_group_ppo.plugin.install_errors()
+    assert not entry_point.install_errors()
     times.update({"entry-point discovery": t5 - t4, "plugin, all installs": t6 - t5})
 print(json.dumps(times))
 """

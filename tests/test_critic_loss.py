@@ -14,15 +14,18 @@ from verl.utils import tensordict_utils as tu
 from verl.workers.config import CriticConfig
 from verl.workers.utils.losses import value_loss
 from verl.workers.utils.padding import no_padding_2_padding
-from verl_group_ppo.critic_loss import (
-    CRITIC_MASK_KEY,
+from verl_group_ppo.integration.critic_loss import (
     CRITIC_WEIGHTS_KEY,
     BoundaryLossConfig,
+    boundary_loss_weights,
     boundary_value_loss,
     make_critic_loss_fn,
 )
 
 CLIP = 0.2
+ROLLOUT_REJECTION = ["algorithm.rollout_correction.rollout_is=token",
+                     "algorithm.rollout_correction.rollout_rs=token_k2",
+                     "algorithm.rollout_correction.rollout_rs_threshold=0.5"]
 
 
 @pytest.fixture(scope="module")
@@ -32,16 +35,30 @@ def advantage_batch(ray_tq):
     return trainer._compute_advantage(U.put_samples(U.make_samples(seed=11)), {})
 
 
+@pytest.fixture(scope="module")
+def rejected_batch(ray_tq):
+    """As ``advantage_batch``, with rollout-correction rejection sampling masking some tokens: it rewrites
+    ``response_mask`` but not ``loss_mask``, which verl's engines count for the token-mean."""
+    trainer = U.make_trainer(["++algorithm.group_params.group_variance_threshold=2.0", *ROLLOUT_REJECTION])
+    meta = trainer._compute_advantage(U.put_samples(U.make_samples(seed=11)), {})
+    masks = U.get_padded(meta, ["response_mask", "loss_mask"])
+    assert masks["response_mask"].sum() < masks["loss_mask"].sum(), "rejection should have masked tokens"
+    return meta
+
+
 def reference_boundary_loss(meta) -> float:
-    """0.5 * mean over critic-mask positions of verl's clipped value loss (the spec's definition)."""
+    """0.5 * mean over boundary positions of verl's clipped value loss (docs/algorithm.md, Step 7); the
+    boundary positions are where the advantage step stored a weight > 0 (tests/test_trainer.py checks
+    they are the core's critic mask)."""
     import transfer_queue as tq
 
     data = tq.kv_batch_get(keys=meta.keys, partition_id=meta.partition_id,
-                           select_fields=["prompts", "responses", "values", "returns", CRITIC_MASK_KEY, U.FAKE_VPRED_KEY])
+                           select_fields=["prompts", "responses", "values", "returns", CRITIC_WEIGHTS_KEY,
+                                          U.FAKE_VPRED_KEY])
     vpreds = no_padding_2_padding(data[U.FAKE_VPRED_KEY], data)
-    padded = data.select("values", "returns", CRITIC_MASK_KEY).to_padded_tensor()
+    padded = data.select("values", "returns", CRITIC_WEIGHTS_KEY).to_padded_tensor()
     loss, _ = compute_value_loss(vpreds=vpreds, returns=padded["returns"], values=padded["values"],
-                                 response_mask=padded[CRITIC_MASK_KEY].bool(), cliprange_value=CLIP,
+                                 response_mask=padded[CRITIC_WEIGHTS_KEY] > 0, cliprange_value=CLIP,
                                  loss_agg_mode="token-mean")
     return float(loss)
 
@@ -64,6 +81,34 @@ def test_loss_is_invariant_to_micro_batch_split_and_dp_size(advantage_batch, dp_
     losses, _ = U.critic_losses_through_verl(advantage_batch, boundary_loss_fn(), dp_size=dp_size,
                                             mini_batch_size=6, micro_batch_size=micro_batch_size)
     assert losses[0] == pytest.approx(reference_boundary_loss(advantage_batch), rel=1e-6)
+
+
+@pytest.mark.parametrize("dp_size,micro_batch_size", [(1, 6), (2, 1)])
+def test_rejection_sampling_keeps_the_loss_the_mean_over_boundary_positions(rejected_batch, dp_size,
+                                                                             micro_batch_size):
+    # Issue 9: weights counted from the rewritten response_mask scaled the loss by kept / all tokens.
+    losses, _ = U.critic_losses_through_verl(rejected_batch, boundary_loss_fn(), dp_size=dp_size,
+                                            mini_batch_size=6, micro_batch_size=micro_batch_size)
+    assert losses[0] == pytest.approx(reference_boundary_loss(rejected_batch), rel=1e-6)
+
+
+def test_weights_count_loss_mask_tokens():
+    critic_mask = torch.tensor([[1.0, 0.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0]])
+    loss_mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]])
+    weights = boundary_loss_weights(critic_mask, loss_mask)
+    assert weights.dtype == torch.float32
+    assert torch.equal(weights, critic_mask * (7 / 3))
+    assert torch.equal(boundary_loss_weights(torch.zeros(2, 4), loss_mask), torch.zeros(2, 4))
+
+
+def test_weights_stay_float32_under_bf16_predictions():
+    # Issue 9: casting the weights to the prediction dtype rounded 1000/137 by 1.8e-3 under bf16.
+    weight = 1000 / 137
+    data = _micro_batch([[weight, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0]], [[1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    vpreds = _vpreds(6, 6, leaf=torch.zeros(12, dtype=torch.bfloat16))
+    loss, _ = boundary_value_loss(BoundaryLossConfig(cliprange_value=10.0), {"values": vpreds}, data)
+    # 0.5 * w * (0 - 1)^2 / 7 (batch_num_tokens); every other factor is exact in bf16
+    assert float(loss) == pytest.approx(0.5 * weight / 7, rel=1e-6)
 
 
 def test_mini_batches_sum_to_the_full_batch_loss_times_their_token_share(advantage_batch):

@@ -1,4 +1,5 @@
-"""The verl plugin: what ``import verl`` installs, need_critic, start-up checks, configs, verl contracts."""
+"""The verl integration: what ``import verl`` installs (both import orders, a Ray worker), the start-up and
+launch checks, configs, and the verl contracts it relies on."""
 
 from __future__ import annotations
 
@@ -45,24 +46,27 @@ def test_import_verl_installs_everything_lazily():
         import verl.trainer.main_ppo as main_ppo
         from verl.trainer.ppo import utils
         from verl.trainer.ppo.v1 import get_trainer_cls, trainer_base
-        from verl_group_ppo import plugin, trainer
+        from verl_group_ppo.integration import estimator, failures
         print(json.dumps({
-            "plugin_loaded_by_verl": "verl_group_ppo.plugin" in sys.modules,
+            "entry_point_loaded_by_verl": "verl_group_ppo.integration.entry_point" in sys.modules,
             "lazy_before_use": lazy,
-            "estimator": core_algos.ADV_ESTIMATOR_REGISTRY.get("group_ppo") is plugin.group_ppo_estimator,
+            "estimator": core_algos.ADV_ESTIMATOR_REGISTRY.get("group_ppo") is estimator.group_ppo_estimator,
             "need_critic_main": main_ppo.need_critic is utils.need_critic,
             "need_critic_base": trainer_base.need_critic is utils.need_critic,
             "need_critic_ours": hasattr(utils.need_critic, "verl_group_ppo_original"),
+            "launch_checks_ours": [hasattr(main_ppo.validate_config, "verl_group_ppo_original"),
+                                   hasattr(main_ppo.run_ppo, "verl_group_ppo_original")],
             "trainers": {m: get_trainer_cls(m).__name__ for m in %r},
-            "errors": [s for s, _ in plugin.install_errors()],
+            "errors": [s for s, _ in failures.install_errors()],
         }))
     """ % (MODES,)))
-    assert out["plugin_loaded_by_verl"]
+    assert out["entry_point_loaded_by_verl"]
     # nothing heavy is imported by the plugin itself (torch comes with verl.protocol anyway)
     assert out["lazy_before_use"] == {"verl.trainer.ppo.core_algos": False, "verl.trainer.ppo.v1": False,
                                       "verl_group_ppo.core_algos": False, "torch": True}
     assert out["estimator"]
     assert out["need_critic_main"] and out["need_critic_base"] and out["need_critic_ours"]
+    assert out["launch_checks_ours"] == [True, True]
     assert out["trainers"] == {"sync": "GroupPPOTrainerSync", "colocate_async": "GroupPPOTrainerColocateAsync",
                                "separate_async": "GroupPPOTrainerSeparateAsync"}
     assert out["errors"] == []
@@ -78,14 +82,14 @@ def test_plugins_off_registers_nothing():
 
 
 def test_plugin_selected_by_name_and_trainer_module_imported_first():
-    # Importing our trainer module first makes it the importer of verl's v1 package: the install the
-    # v1 hook cannot do then (our module is half-initialised) must happen when the module finishes.
+    # Importing our trainer module first makes it the importer of verl's v1 package: the v1 hook then
+    # gets our half-imported module back, and the module installs its classes when it finishes.
     out = last_json(run_fresh("""
         import json
-        import verl_group_ppo.trainer as ours
+        import verl_group_ppo.integration.trainer as ours
         from verl.trainer.ppo import core_algos
         from verl.trainer.ppo.v1 import get_trainer_cls
-        from verl_group_ppo.plugin import install_errors
+        from verl_group_ppo.integration.failures import install_errors
         print(json.dumps({"estimator": "group_ppo" in core_algos.ADV_ESTIMATOR_REGISTRY,
                           "sync": get_trainer_cls("sync") is ours.GroupPPOTrainerSync,
                           "errors": [s for s, _ in install_errors()]}))
@@ -100,7 +104,7 @@ def test_broken_install_is_logged_and_stops_group_ppo_runs_with_the_cause():
         from omegaconf import OmegaConf
         from verl.trainer.ppo import core_algos
         from verl.trainer.ppo.utils import need_critic
-        from verl_group_ppo.plugin import PluginInstallError
+        from verl_group_ppo.integration.failures import PluginInstallError
         def cfg(est):
             return OmegaConf.create({"algorithm": {"adv_estimator": est}, "critic": {"enable": None},
                                      "trainer": {"use_v1": True}})
@@ -129,7 +133,7 @@ def test_stock_entry_point_rejects_bad_group_params_before_ray_starts():
                           capture_output=True, text=True, cwd="/", timeout=300,
                           env={k: v for k, v in os.environ.items() if k != "VERL_USE_EXTERNAL_PLUGINS"})
     assert proc.returncode != 0
-    assert "ValueError: group_params.group_max_size must be an integer >= 1, got 0" in proc.stderr
+    assert "ValueError: algorithm.group_params.group_max_size must be an integer >= 1, got 0" in proc.stderr
     assert "ray init kwargs" not in proc.stdout  # main_ppo prints this right before ray.init
 
 
@@ -185,12 +189,15 @@ def test_need_critic_is_true_for_group_ppo(enable):
     (["critic.enable=false"], "critic.enable"),
     (["trainer.use_v1=false"], "trainer.use_v1"),
     (["critic.loss_agg_mode=seq-mean-token-mean"], "critic.loss_agg_mode"),
-    (["++algorithm.group_params.group_max_size=0"], "group_params.group_max_size"),
-    (["++algorithm.group_params.boundary_rule=random"], "group_params.boundary_rule"),
+    (["++algorithm.group_params.group_max_size=0"], "algorithm.group_params.group_max_size"),
+    (["++algorithm.group_params.boundary_rule=random"], "algorithm.group_params.boundary_rule"),
     (["++algorithm.group_params.min_threshold=5", "++algorithm.group_params.max_threshold=1"],
-     "group_params.min_threshold"),
+     "algorithm.group_params.min_threshold"),
     (["++algorithm.group_params.no_such_key=1"], "no_such_key"),
-    (["algorithm.lam=1.5"], "lam"),
+    (["algorithm.lam=1.5"], "algorithm.lam"),
+    (["++algorithm.group_params.policy_lam=2"], "algorithm.group_params.policy_lam"),
+    (["++algorithm.group_params.adaptive_target=reward"], "algorithm.group_params.adaptive_target"),
+    (["++algorithm.group_params.target_group_size=0"], "algorithm.group_params.target_group_size"),
 ])
 def test_group_ppo_startup_errors_name_the_key(overrides, names):
     config = U.compose_config(["algorithm.adv_estimator=group_ppo", *overrides])
@@ -262,13 +269,13 @@ def test_verl_contract():
     from verl.trainer.ppo import core_algos, ray_trainer, utils
     from verl.trainer.ppo.v1 import trainer_base
     from verl.workers.utils import losses
-    from verl_group_ppo import plugin, trainer
+    from verl_group_ppo.integration import estimator, trainer
 
     assert Version("0.9.1") <= Version(verl.__version__) < Version("0.10"), verl.__version__
     # plugins: verl loads entry points of group verl.plugins on import
     assert "verl.plugins" in inspect.getsource(verl)
     # estimators: the registry and the keyword arguments a registered estimator receives
-    assert core_algos.ADV_ESTIMATOR_REGISTRY["group_ppo"] is plugin.group_ppo_estimator
+    assert core_algos.ADV_ESTIMATOR_REGISTRY["group_ppo"] is estimator.group_ppo_estimator
     source = inspect.getsource(ray_trainer.compute_advantage)
     for needle in ('"token_level_rewards"', '"response_mask"', '"config": config', 'adv_kwargs["index"]'):
         assert needle in source, needle
@@ -290,6 +297,24 @@ def test_verl_contract():
         < step.index("self._update_critic(")
     assert inspect.getsource(trainer_base).count(".set_loss_fn(") == 1
     assert "set_loss_fn(" in inspect.getsource(trainer_base.PPOTrainer._setup)
+    # critic warm-up: the actor updates from global step trainer.critic_warmup on; the advantage step always runs
+    assert "if self.config.trainer.critic_warmup <= self.global_steps:" in step
+    assert step.index("self._compute_advantage(") < step.index("critic_warmup")
+    # the rollout dump: verl calls _log_rollout_data (while the batch is still in TransferQueue), names by step
+    fit = inspect.getsource(trainer_base.PPOTrainer.fit)
+    assert fit.index("self._log_rollout_data(batch") < fit.index("tq.kv_clear(")
+    assert list(inspect.signature(trainer_base.PPOTrainer._log_rollout_data).parameters) == [
+        "self", "batch", "timing_raw", "rollout_data_dir"]
+    assert 'f"{global_steps}.jsonl"' in inspect.getsource(trainer_base.PPOTrainer._write_generations)
+    # launch checks: main_ppo calls need_critic, then validate_config (imported by name), then run_ppo
+    from verl.utils import config as verl_config
+
+    assert main_ppo.validate_config is verl_config.validate_config
+    main_source = inspect.getsource(main_ppo.main)
+    assert main_source.index("need_critic(config)") < main_source.index("run_ppo(")
+    assert main_source.index("validate_config(") < main_source.index("run_ppo(")
+    assert list(inspect.signature(main_ppo.run_ppo.verl_group_ppo_original).parameters) == [
+        "config", "task_runner_class"]
     save = inspect.getsource(trainer_base.PPOTrainer._save_checkpoint)
     assert 'f"global_step_{self.global_steps}"' in save and "latest_checkpointed_iteration.txt" in save
     # the critic loss: verl's signature and the value loss we call with weights as the mask
@@ -299,7 +324,7 @@ def test_verl_contract():
 
 
 def test_install_trainers_refuses_a_foreign_registry_entry():
-    from verl_group_ppo.trainer import TRAINER_CLASSES, install_trainers
+    from verl_group_ppo.integration.trainer import TRAINER_CLASSES, install_trainers
 
     class Foreign:
         pass
@@ -313,15 +338,15 @@ def test_install_trainers_refuses_a_foreign_registry_entry():
 
 
 def test_post_import_hooks_run_once_after_the_module_and_leave_its_loader_alone(tmp_path, monkeypatch):
-    from verl_group_ppo import plugin
+    from verl_group_ppo.integration import failures, hooks as H
 
     (tmp_path / "gp_hook_probe_a.py").write_text("VALUE = 1\n")
     (tmp_path / "gp_hook_probe_b.py").write_text("raise_me = True\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    hooks = plugin._PostImportHooks()
+    hooks = H.PostImportHooks()
     seen = []
     hooks.add("gp_hook_probe_a", lambda m: seen.append(("a", m.VALUE)))
-    hooks.add("gp_hook_probe_b", plugin._guarded("probe step", lambda m: 1 / 0))
+    hooks.add("gp_hook_probe_b", failures.guarded("probe step", lambda m: 1 / 0))
     assert hooks in sys.meta_path
     try:
         import gp_hook_probe_a  # noqa: F401
@@ -330,12 +355,152 @@ def test_post_import_hooks_run_once_after_the_module_and_leave_its_loader_alone(
         assert seen == [("a", 1)]
         assert type(gp_hook_probe_a.__loader__).__name__ == "SourceFileLoader"
         assert hooks not in sys.meta_path  # removed once every hook has fired
-        assert plugin.install_errors()[-1][0] == "probe step"
+        assert failures.install_errors()[-1][0] == "probe step"
         hooks.add("gp_hook_probe_a", lambda m: seen.append(("again", m.VALUE)))  # already imported: runs now
         assert seen[-1] == ("again", 1)
     finally:
-        plugin._install_errors[:] = [e for e in plugin._install_errors if e[0] != "probe step"]
+        failures.forget_failures("probe step")
         for name in ("gp_hook_probe_a", "gp_hook_probe_b"):
             sys.modules.pop(name, None)
         if hooks in sys.meta_path:
             sys.meta_path.remove(hooks)
+
+
+# ----------------------------------------------------------------------------------------------------
+# the entry point and its former name
+
+
+def test_former_entry_point_name_installs_the_same_objects():
+    # installs whose metadata names verl_group_ppo.plugin (installed before the move) keep working
+    out = last_json(run_fresh("""
+        import json
+        import verl.trainer.ppo.v1, verl.trainer.ppo.utils as utils
+        from verl.trainer.ppo import core_algos
+        from verl.trainer.ppo.v1 import get_trainer_cls
+        import verl_group_ppo.plugin as former
+        from verl_group_ppo.integration import entry_point, estimator
+        print(json.dumps({"same": former.install is entry_point.install,
+                          "estimator": core_algos.ADV_ESTIMATOR_REGISTRY.get("group_ppo") is estimator.group_ppo_estimator,
+                          "need_critic": hasattr(utils.need_critic, "verl_group_ppo_original"),
+                          "sync": get_trainer_cls("sync").__name__, "errors": former.install_errors()}))
+    """, {"VERL_USE_EXTERNAL_PLUGINS": "none"}))
+    assert out == {"same": True, "estimator": True, "need_critic": True, "sync": "GroupPPOTrainerSync", "errors": []}
+
+
+def test_pyproject_names_the_new_entry_point():
+    import importlib
+    import tomllib
+    from pathlib import Path
+
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    target = pyproject["project"]["entry-points"]["verl.plugins"]["group_ppo"]
+    assert target == "verl_group_ppo.integration.entry_point"
+    assert importlib.import_module(target).INSTALLS
+
+
+# ----------------------------------------------------------------------------------------------------
+# launch checks: refused before Ray starts
+
+
+SITE_PACKAGES = os.path.dirname(os.path.dirname(inspect.getfile(inspect)))
+
+
+def run_entry_point(module: str, *overrides: str, env_extra: dict | None = None,
+                    cwd: str = "/") -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("VERL_USE_EXTERNAL_PLUGINS", "VERL_PLATFORM")}
+    env.update(env_extra or {})
+    return subprocess.run([PYTHON, "-m", module, *overrides], capture_output=True, text=True, cwd=cwd,
+                          timeout=300, env=env)
+
+
+@pytest.mark.parametrize("module,name", [
+    ("verl.experimental.fully_async_policy.fully_async_main", "fully_async_policy"),
+    ("verl.experimental.one_step_off_policy.main_ppo", "one_step_off_policy"),
+])
+def test_experimental_entry_points_are_refused_before_ray_starts(module, name):
+    import verl
+
+    # their configs find verl's ppo_trainer through a search path relative to the working directory
+    proc = run_entry_point(module, "algorithm.adv_estimator=group_ppo",
+                           cwd=os.path.dirname(os.path.dirname(verl.__file__)))
+    assert proc.returncode != 0
+    assert f"ValueError: algorithm.adv_estimator=group_ppo is not supported by verl's {name} entry point" \
+        in proc.stderr, proc.stderr[-3000:]
+    assert "python -m verl.trainer.main_ppo" in proc.stderr
+    assert "ray init kwargs" not in proc.stdout  # run_ppo prints this right before ray.init
+
+
+def test_entry_point_check_finds_the_module_of_a_ray_actor_class():
+    import ray
+
+    from verl_group_ppo.integration.checks import check_entry_point
+
+    runner = type("FullyAsyncTaskRunner", (), {"__module__": "verl.experimental.fully_async_policy.fully_async_main"})
+    with pytest.raises(ValueError, match="fully_async_policy entry point"):
+        check_entry_point(ray.remote(num_cpus=0)(runner))
+    from verl.trainer.main_ppo import TaskRunnerV1
+
+    check_entry_point(TaskRunnerV1)  # verl's own entry point passes
+
+
+def test_run_ppo_wrapper_refuses_only_group_ppo_on_experimental_entry_points():
+    from verl_group_ppo.integration.checks import make_run_ppo
+
+    calls = []
+    run_ppo = make_run_ppo(lambda config, task_runner_class: calls.append(task_runner_class))
+    runner = type("OneStepTaskRunner", (), {"__module__": "verl.experimental.one_step_off_policy.main_ppo"})
+    run_ppo({"algorithm": {"adv_estimator": "gae"}}, task_runner_class=runner)
+    run_ppo({"algorithm": {"adv_estimator": "group_ppo"}}, type("Ours", (), {}))
+    with pytest.raises(ValueError, match="one_step_off_policy"):
+        run_ppo({"algorithm": {"adv_estimator": "group_ppo"}}, runner)
+    assert len(calls) == 2
+
+
+def _accelerator_visible() -> bool:
+    from verl.utils.device import is_device_available
+
+    return bool(is_device_available())
+
+
+def test_no_accelerator_and_no_cpu_backend_is_refused_before_ray_starts():
+    if _accelerator_visible():
+        pytest.skip("this machine has an accelerator")
+    proc = run_entry_point("verl.trainer.main_ppo", "algorithm.adv_estimator=group_ppo")
+    assert proc.returncode != 0
+    assert "RuntimeError: algorithm.adv_estimator=group_ppo: this machine has no accelerator visible to verl" \
+        in proc.stderr, proc.stderr[-3000:]
+    assert "VERL_PLATFORM=cpu (see docs/cpu.md)" in proc.stderr
+    assert "ray init kwargs" not in proc.stdout
+
+
+@pytest.mark.parametrize("environ,config,visible,refused", [
+    ({}, {}, False, True),
+    ({"VERL_PLATFORM": "cpu"}, {}, False, False),
+    ({"VERL_PLATFORM": " CPU "}, {}, False, False),
+    ({"VERL_PLATFORM": "nvidia"}, {}, False, True),
+    ({"RAY_ADDRESS": "10.0.0.1:6379"}, {}, False, False),
+    ({}, {"ray_kwargs": {"ray_init": {"address": "auto"}}}, False, False),
+    ({}, {}, True, False),
+])
+def test_accelerator_check(environ, config, visible, refused):
+    from verl_group_ppo.integration.checks import check_accelerator
+
+    if refused:
+        with pytest.raises(RuntimeError, match="VERL_PLATFORM=cpu"):
+            check_accelerator(config, environ=environ, accelerator_visible=lambda: visible)
+    else:
+        check_accelerator(config, environ=environ, accelerator_visible=lambda: visible)
+
+
+def test_validate_config_wrapper_checks_group_ppo_only_before_ray(monkeypatch):
+    from verl_group_ppo.integration import checks
+
+    seen = []
+    monkeypatch.setattr(checks, "check_accelerator", lambda config: seen.append("checked"))
+    validate_config = checks.make_validate_config(lambda config, **kwargs: seen.append(kwargs["use_critic"]))
+    monkeypatch.setattr(checks, "_ray_started", lambda: False)
+    validate_config(config={"algorithm": {"adv_estimator": "gae"}}, use_critic=1)
+    validate_config(config={"algorithm": {"adv_estimator": "group_ppo"}}, use_critic=2)
+    monkeypatch.setattr(checks, "_ray_started", lambda: True)  # inside Ray (a TaskRunner): nothing to say
+    validate_config({"algorithm": {"adv_estimator": "group_ppo"}}, use_critic=3)
+    assert seen == [1, "checked", 2, 3]

@@ -16,11 +16,12 @@ import torch
 
 import verl_group_ppo_testutils_integration as U
 from verl_group_ppo.config import read_algorithm_settings
-from verl_group_ppo.core_algos import ThresholdState, compute_group_ppo_outputs
-from verl_group_ppo.critic_loss import CRITIC_MASK_KEY, CRITIC_WEIGHTS_KEY, boundary_value_loss
-from verl_group_ppo.trainer import STATE_FILE, GroupPPOTrainerMixin
+from verl_group_ppo.core_algos import AdaptiveThreshold, compute_group_ppo_outputs
+from verl_group_ppo.integration.checkpoint import STATE_FILE
+from verl_group_ppo.integration.critic_loss import CRITIC_WEIGHTS_KEY, boundary_value_loss
+from verl_group_ppo.integration.trainer import GroupPPOTrainerMixin
 
-STORED = ["advantages", "returns", CRITIC_MASK_KEY, CRITIC_WEIGHTS_KEY]
+STORED = ["advantages", "returns"]
 ROLLOUT_CORRECTION = ["algorithm.rollout_correction.rollout_is=token",
                       "algorithm.rollout_correction.rollout_rs=token_k2",
                       "algorithm.rollout_correction.rollout_rs_threshold=0.5"]
@@ -37,9 +38,15 @@ def expected_outputs(trainer, meta, threshold: float):
         fields.append("token_level_rewards")
     stored = U.get_padded(meta, fields)
     rewards = stored.get("token_level_rewards", stored["rm_scores"])
-    return compute_group_ppo_outputs(rewards, stored["response_mask"], stored["values"], index=uids_of(meta),
-                                     config=trainer.config.algorithm, old_log_probs=stored["old_log_probs"],
-                                     threshold=threshold)
+    return compute_group_ppo_outputs(rewards, stored["response_mask"], values=stored["values"], index=uids_of(meta),
+                                     settings=read_algorithm_settings(trainer.config.algorithm),
+                                     old_log_probs=stored["old_log_probs"], threshold=threshold)
+
+
+def expected_weights(meta, critic_mask: torch.Tensor) -> torch.Tensor:
+    """Step 7's weights with N counted as verl's token-mean divides: the batch's loss_mask tokens."""
+    n_loss = float(U.get_padded(meta, ["loss_mask"])["loss_mask"].sum())
+    return (critic_mask * (n_loss / float(critic_mask.sum()))).float()
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -59,11 +66,18 @@ def test_advantage_step_stores_exactly_the_core_outputs(ray_tq, overrides):
     metrics: dict = {}
     out = trainer._compute_advantage(meta, metrics)
 
-    assert set(STORED) <= set(out.fields)  # the returned metadata lists the new fields
-    stored = U.get_padded(out, STORED + ["response_mask", "rm_scores"])
+    assert set(STORED + [CRITIC_WEIGHTS_KEY]) <= set(out.fields)  # the returned metadata lists the new fields
+    assert "critic_mask" not in out.fields  # the weights say where the boundaries are (weight > 0)
+    stored = U.get_padded(out, STORED + [CRITIC_WEIGHTS_KEY, "response_mask", "rm_scores"])
     expected = expected_outputs(trainer, out, threshold=1.0)
     for name in STORED:
         assert torch.equal(stored[name], getattr(expected, name)), name
+    weights = stored[CRITIC_WEIGHTS_KEY]
+    assert weights.dtype == torch.float32
+    assert torch.equal(weights > 0, expected.critic_mask > 0)
+    assert torch.equal(weights, expected_weights(out, expected.critic_mask))
+    if ROLLOUT_CORRECTION[0] not in overrides:  # nothing rejected: exactly the core's N_valid / N_boundary
+        assert torch.equal(weights, expected.critic_loss_weights.float())
     assert {k: metrics[k] for k in expected.metrics} == expected.metrics
     assert metrics["group/threshold"] == 1.0
     # verl's own steps ran on the way
@@ -77,22 +91,36 @@ def test_advantage_step_stores_exactly_the_core_outputs(ray_tq, overrides):
         assert "rollout_is_weights" in out.fields
 
 
+def test_group_metrics_come_from_the_core(ray_tq):
+    trainer = U.make_trainer(["++algorithm.group_params.policy_lam=0.9", "++algorithm.group_params.critic_lam=0.95"])
+    metrics: dict = {}
+    out = trainer._compute_advantage(U.put_samples(U.make_samples(seed=9)), metrics)
+    expected = expected_outputs(trainer, out, threshold=1.0)
+    assert {"group/size_p50", "group/size_p90", "group/policy_lam", "group/critic_lam"} <= set(metrics)
+    assert (metrics["group/policy_lam"], metrics["group/critic_lam"]) == (0.9, 0.95)
+    assert {k: metrics[k] for k in expected.metrics} == expected.metrics
+
+
 @pytest.mark.parametrize("mode", ["colocate_async", "separate_async"])
 def test_every_trainer_mode_runs_the_group_advantage_step(ray_tq, mode):
     trainer = U.make_trainer(["algorithm.use_kl_in_reward=true"], mode=mode)
     out = trainer._compute_advantage(U.put_samples(U.make_samples(seed=5)), {})
-    stored = U.get_padded(out, STORED)
+    stored = U.get_padded(out, STORED + [CRITIC_WEIGHTS_KEY])
     expected = expected_outputs(trainer, out, threshold=1.0)
     for name in STORED:
         assert torch.equal(stored[name], getattr(expected, name)), name
+    assert torch.equal(stored[CRITIC_WEIGHTS_KEY], expected_weights(out, expected.critic_mask))
 
 
-def test_threshold_adapts_per_batch_and_feeds_the_next_one(ray_tq):
-    trainer = U.make_trainer(["++algorithm.group_params.threshold_lr=0.5"])
+@pytest.mark.parametrize("target", ["explained_variance", "group_size"])
+def test_threshold_adapts_per_batch_and_feeds_the_next_one(ray_tq, target):
+    trainer = U.make_trainer(["++algorithm.group_params.threshold_lr=0.5",
+                              f"++algorithm.group_params.adaptive_target={target}",
+                              "++algorithm.group_params.target_group_size=2"])
     params = read_algorithm_settings(trainer.config.algorithm).group
     first = trainer._compute_advantage(U.put_samples(U.make_samples(seed=1)), {})
-    expected = ThresholdState(1.0)
-    expected.update(expected_outputs(trainer, first, threshold=1.0).boundary_explained_variance, params)
+    expected = AdaptiveThreshold(params)
+    expected.update(expected_outputs(trainer, first, threshold=1.0))
     assert trainer.group_threshold.value == expected.value != 1.0
 
     metrics: dict = {}
@@ -108,17 +136,18 @@ def test_critic_fields_reach_the_critic_loss_micro_batches(ray_tq):
     seen = []
 
     def recording_loss(model_output, data, dp_group=None, config=None):
-        seen.append({name: data[name].values().clone() for name in (CRITIC_MASK_KEY, CRITIC_WEIGHTS_KEY)})
+        seen.append(data[CRITIC_WEIGHTS_KEY].values().clone())
         return boundary_value_loss(config, model_output, data, dp_group)
 
-    from verl_group_ppo.critic_loss import BoundaryLossConfig
+    from verl_group_ppo.integration.critic_loss import BoundaryLossConfig
 
     loss_fn = partial(recording_loss, config=BoundaryLossConfig(cliprange_value=0.2))
     U.critic_losses_through_verl(out, loss_fn, dp_size=2, mini_batch_size=6, micro_batch_size=1)
     assert len(seen) == 6
-    stored = U.get_padded(out, [CRITIC_MASK_KEY, CRITIC_WEIGHTS_KEY, "response_mask"])
-    assert sum(float(s[CRITIC_MASK_KEY].sum()) for s in seen) == float(stored[CRITIC_MASK_KEY].sum()) > 0
-    total_weight = sum(float(s[CRITIC_WEIGHTS_KEY].sum()) for s in seen)
+    expected = expected_outputs(trainer, out, threshold=1.0)
+    stored = U.get_padded(out, ["response_mask"])
+    assert sum(int((s > 0).sum()) for s in seen) == int(expected.critic_mask.sum()) > 0
+    total_weight = sum(float(s.sum()) for s in seen)
     assert total_weight == pytest.approx(float(stored["response_mask"].sum()))  # N_valid
 
 
@@ -128,7 +157,7 @@ def test_other_estimators_get_verls_trainer_behaviour(ray_tq, tmp_path):
     trainer = U.make_trainer(["algorithm.adv_estimator=gae", f"trainer.default_local_dir={tmp_path}"])
     assert isinstance(trainer, GroupPPOTrainerMixin) and not trainer.group_ppo_enabled
     out = trainer._compute_advantage(U.put_samples(U.make_samples(seed=4)), {})
-    assert CRITIC_MASK_KEY not in out.fields
+    assert CRITIC_WEIGHTS_KEY not in out.fields
     stored = U.get_padded(out, ["advantages", "returns", "response_mask", "rm_scores", "values"])
     adv, ret = compute_gae_advantage_return(stored["rm_scores"], stored["values"], stored["response_mask"],
                                             gamma=1.0, lam=1.0)
@@ -212,7 +241,7 @@ def test_threshold_checkpoint_round_trip(tmp_path, mode, ray_tq):
     order = []
     attach_stand_ins(trainer, on_save=lambda _: order.append((os.path.exists(state_path), os.path.exists(tracker))))
     trainer.global_steps = 3
-    trainer.group_threshold.value = 2.5
+    trainer.group_threshold.load_state_dict({"threshold": 2.5})
     trainer._save_checkpoint()
     assert order == [(True, False)]  # our state is on disk before verl saves anything, the tracker comes last
     with open(state_path) as f:

@@ -1,15 +1,17 @@
 """The GROUP-PPO critic loss (spec Step 7) in verl's loss-function convention.
 
 verl's critic worker group calls ``loss_fn(model_output, data=micro_batch)`` with one micro-batch at a
-time; the trainer installs it with ``critic_wg.set_loss_fn`` (see :mod:`verl_group_ppo.trainer`).
+time; the trainer installs it with ``critic_wg.set_loss_fn`` (see :mod:`verl_group_ppo.integration.trainer`).
 
 ``critic_loss_on: boundaries`` (default): verl's clipped value loss, ``compute_value_loss``, with the
-per-token weights ``critic_loss_weights`` (N_valid / N_boundary at the critic-mask positions, 0
-elsewhere, counted over the whole training batch in the advantage step) as its mask, so it sums
-``w * loss`` and divides by verl's global token count of the mini-batch (``batch_num_tokens``), times
-``dp_size``. Because the weight is one constant over the batch, this is the mean over boundary positions
-when the mini-batch is the whole batch, and it does not depend on the micro-batch split or the data
-parallel size. A micro-batch without boundary positions contributes exactly 0.
+per-token weights ``critic_loss_weights`` as its mask. The advantage step stores them (see
+:func:`boundary_loss_weights`): N / N_boundary at each group's value slot, 0 elsewhere, where N counts the
+batch's ``loss_mask`` tokens, which is what verl's engines divide by (``batch_num_tokens``), so the loss
+is the mean over boundary positions when the mini-batch is the whole batch, rollout-correction
+rejection included, and it does not depend on the micro-batch split or the data-parallel size. A
+position is a boundary position exactly when its weight is > 0. A micro-batch without boundary
+positions contributes exactly 0. The weights stay float32 whatever the prediction dtype (bf16 would
+round them by up to 2e-3).
 
 ``critic_loss_on: all_tokens``: verl's ``value_loss`` unchanged.
 """
@@ -30,12 +32,10 @@ from verl.utils.torch_functional import masked_mean
 from verl.workers.utils.losses import value_loss
 from verl.workers.utils.padding import no_padding_2_padding
 
-from verl_group_ppo.plugin import check_critic_loss_agg_mode
+from verl_group_ppo.config import check_critic_loss_agg_mode, select
 
-CRITIC_MASK_KEY = "critic_mask"
-"""TransferQueue field: 1 at each group's value slot (its first valid token), 0 elsewhere."""
 CRITIC_WEIGHTS_KEY = "critic_loss_weights"
-"""TransferQueue field: N_valid / N_boundary at critic-mask positions, 0 elsewhere."""
+"""TransferQueue field: N_loss_mask / N_boundary at each group's value slot, 0 elsewhere (float32)."""
 
 
 @dataclass(frozen=True)
@@ -48,9 +48,27 @@ class BoundaryLossConfig:
     @classmethod
     def from_critic_config(cls, critic: Any) -> "BoundaryLossConfig":
         """From verl's ``critic`` config: a DictConfig, a mapping or a ``CriticConfig``."""
-        get = critic.get if hasattr(critic, "get") else lambda key, default=None: getattr(critic, key, default)
-        return cls(cliprange_value=float(get("cliprange_value", 0.5)),
-                   loss_agg_mode=str(get("loss_agg_mode", "token-mean")))
+        return cls(cliprange_value=float(select(critic, "cliprange_value", 0.5)),
+                   loss_agg_mode=str(select(critic, "loss_agg_mode", "token-mean")))
+
+
+def boundary_loss_weights(critic_mask: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
+    """Spec Step 7's per-position critic-loss weights, counted the way verl's token-mean divides.
+
+    N / N_boundary at each boundary position (``critic_mask`` 1), 0 elsewhere, as float32, where N is the
+    ``loss_mask`` count of the whole batch: verl's engines divide the summed loss by the ``loss_mask``
+    count (``batch_num_tokens``), which rollout-correction rejection does not rewrite (it rewrites only
+    ``response_mask``), so counting ``response_mask`` would scale the loss by kept / all tokens.
+
+    Args:
+        critic_mask: (B, T) 0/1, one 1 per group (the core's ``critic_mask``).
+        loss_mask: (B, T) 0/1, verl's ``loss_mask`` of the same batch.
+    """
+    mask = critic_mask.to(torch.float32)
+    n_boundary = int(mask.sum())
+    if n_boundary == 0:
+        return mask
+    return mask * (int(loss_mask.sum()) / n_boundary)
 
 
 def make_critic_loss_fn(critic_config: Any, critic_loss_on: str) -> Callable[..., Any]:
@@ -66,11 +84,12 @@ def make_critic_loss_fn(critic_config: Any, critic_loss_on: str) -> Callable[...
         config = BoundaryLossConfig.from_critic_config(critic_config)
         check_critic_loss_agg_mode(config.loss_agg_mode)
         return partial(boundary_value_loss, config=config)
-    raise ValueError(f"group_params.critic_loss_on must be 'boundaries' or 'all_tokens', got {critic_loss_on!r}")
+    raise ValueError(
+        f"algorithm.group_params.critic_loss_on must be 'boundaries' or 'all_tokens', got {critic_loss_on!r}")
 
 
 def boundary_value_loss(config: Any, model_output: dict, data: TensorDict, dp_group=None):
-    """verl's clipped value loss at the critic-mask positions, weighted per spec Step 7.
+    """verl's clipped value loss at the boundary positions, weighted per spec Step 7.
 
     Args:
         config: a :class:`BoundaryLossConfig` (or verl's ``CriticConfig``): ``cliprange_value`` and
@@ -91,16 +110,9 @@ def boundary_value_loss(config: Any, model_output: dict, data: TensorDict, dp_gr
             "advantage step; the critic must be trained from the metadata that step returns.")
     vpreds = no_padding_2_padding(model_output["values"], data)
     dp_size = tu.get_non_tensor_data(data, key="dp_size", default=1) or 1
-    batch_num_tokens = tu.get_non_tensor_data(data, key="batch_num_tokens", default=None)
-    global_batch_size = tu.get_non_tensor_data(data, key="global_batch_size", default=None)
-
     padded = data.select("values", "returns", "response_mask", CRITIC_WEIGHTS_KEY).to_padded_tensor()
     response_mask = padded["response_mask"].bool()
-    weights = padded[CRITIC_WEIGHTS_KEY].to(vpreds.dtype)
-    if batch_num_tokens is None:
-        if dp_size > 1:
-            raise ValueError("batch_num_tokens (verl's global token count) is required when dp_size > 1")
-        batch_num_tokens = response_mask.sum()
+    weights = padded[CRITIC_WEIGHTS_KEY].to(torch.float32)
 
     # Only boundary positions may reach the loss, gradients included: select them with `where` so that
     # anything stored elsewhere (even non-finite) cannot turn a zero weight into a NaN gradient.
@@ -113,8 +125,8 @@ def boundary_value_loss(config: Any, model_output: dict, data: TensorDict, dp_gr
         cliprange_value=config.cliprange_value,
         loss_agg_mode="token-mean",
         dp_size=dp_size,
-        batch_num_tokens=batch_num_tokens,
-        global_batch_size=global_batch_size,
+        batch_num_tokens=_batch_num_tokens(data, dp_size),
+        global_batch_size=tu.get_non_tensor_data(data, key="global_batch_size", default=None),
     )
     metrics = {
         "critic/vf_loss": Metric(value=vf_loss, aggregation=_loss_metric_aggregation(data, dp_size)),
@@ -122,6 +134,18 @@ def boundary_value_loss(config: Any, model_output: dict, data: TensorDict, dp_gr
         "critic/vpred_mean": masked_mean(vpreds, response_mask).detach().item(),
     }
     return vf_loss, metrics
+
+
+def _batch_num_tokens(data: TensorDict, dp_size: int) -> Any:
+    """verl's global token count; without one (a single rank), this micro-batch's ``loss_mask`` count
+    (its ``response_mask`` count when it has no ``loss_mask``), as verl's engines count."""
+    count = tu.get_non_tensor_data(data, key="batch_num_tokens", default=None)
+    if count is not None:
+        return count
+    if dp_size > 1:
+        raise ValueError("batch_num_tokens (verl's global token count) is required when dp_size > 1")
+    mask = data["loss_mask"] if "loss_mask" in data.keys() else data["response_mask"]
+    return int(mask.values().sum()) if mask.is_nested else int(mask.sum())
 
 
 def _loss_metric_aggregation(data: TensorDict, dp_size: int) -> AggregationType:
@@ -133,5 +157,5 @@ def _loss_metric_aggregation(data: TensorDict, dp_size: int) -> AggregationType:
     return AggregationType.MEAN
 
 
-__all__ = ["BoundaryLossConfig", "CRITIC_MASK_KEY", "CRITIC_WEIGHTS_KEY", "boundary_value_loss", "make_critic_loss_fn"]
-
+__all__ = ["BoundaryLossConfig", "CRITIC_WEIGHTS_KEY", "boundary_value_loss", "make_critic_loss_fn",
+           "boundary_loss_weights"]

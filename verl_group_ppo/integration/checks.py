@@ -1,0 +1,185 @@
+"""Start-up checks for ``group_ppo`` runs, and the three verl functions they ride on.
+
+==========================================  ====================================================================
+verl function (wrapped by the entry point)  what runs first for ``algorithm.adv_estimator=group_ppo``
+==========================================  ====================================================================
+``verl.trainer.ppo.utils.need_critic``      :func:`check_group_ppo_config` (config keys), then "critic on"
+``verl.utils.config.validate_config``       :func:`check_accelerator` (only where Ray is not started yet)
+``verl.trainer.main_ppo.run_ppo``           :func:`check_entry_point` (refuses verl's fully_async and
+                                            one_step_off_policy entry points)
+==========================================  ====================================================================
+
+verl's ``main_ppo`` calls ``need_critic`` and ``validate_config`` before ``ray.init`` (main_ppo.py:177-181),
+in that order, so a bad key is reported before the accelerator; the experimental entry points call
+``run_ppo`` (their ``main``) before Ray starts. Every other estimator gets exactly verl's behaviour.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from typing import Any, Callable, Mapping, Optional
+
+from verl_group_ppo.config import check_critic_loss_agg_mode, read_algorithm_settings, select
+from verl_group_ppo.integration import ESTIMATOR_NAME
+from verl_group_ppo.integration.failures import raise_if_install_failed
+
+CPU_BACKEND_ENV = "VERL_PLATFORM"
+"""The environment variable that selects verl's platform; ``cpu`` selects the CPU backend."""
+
+UNSUPPORTED_ENTRY_POINTS = {
+    "verl.experimental.fully_async_policy": "fully_async_policy",
+    "verl.experimental.one_step_off_policy": "one_step_off_policy",
+}
+"""verl packages whose trainers are not verl's v1 trainer classes (so the critic's values never reach
+the ``group_ppo`` estimator), with the name used in the error."""
+
+
+# ==================================================================================================
+# config checks (need_critic)
+
+
+def is_group_ppo(config: Any) -> bool:
+    """True when ``config.algorithm.adv_estimator`` selects GROUP-PPO."""
+    estimator = select(config, "algorithm.adv_estimator")
+    return str(getattr(estimator, "value", estimator)) == ESTIMATOR_NAME
+
+
+def check_group_ppo_config(config: Any) -> None:
+    """Start-up checks for a ``group_ppo`` run; a ValueError names the offending key by its full path.
+
+    Checks: the plugin installed completely; the v1 trainer is used; the critic is not disabled;
+    ``algorithm.gamma``/``lam``/``group_params`` are valid; ``critic.loss_agg_mode`` is ``token-mean``
+    when the critic loss runs at boundaries.
+    """
+    raise_if_install_failed()
+    if select(config, "trainer.use_v1", True) is False:
+        raise ValueError(
+            f"trainer.use_v1=false: algorithm.adv_estimator={ESTIMATOR_NAME} runs only on verl's v1 trainer "
+            "(the legacy trainer never hands the critic's values to an estimator); set trainer.use_v1=true.")
+    enable = select(config, "critic.enable")
+    if enable is not None and not bool(enable):
+        raise ValueError(
+            f"critic.enable=false: algorithm.adv_estimator={ESTIMATOR_NAME} needs a critic (its values set the "
+            "group baselines); remove the override or set critic.enable=true.")
+    settings = read_algorithm_settings(select(config, "algorithm"))
+    if settings.group.critic_loss_on == "boundaries":
+        check_critic_loss_agg_mode(select(config, "critic.loss_agg_mode", "token-mean"))
+
+
+def make_need_critic(original: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    """verl's ``need_critic`` with GROUP-PPO's rule in front: for ``group_ppo`` run the config checks
+    and return True; for every other estimator return exactly what ``original`` returns."""
+
+    @functools.wraps(original)
+    def need_critic(config: Any) -> bool:
+        if not is_group_ppo(config):
+            return original(config)
+        check_group_ppo_config(config)
+        return True
+
+    need_critic.verl_group_ppo_original = original  # type: ignore[attr-defined]
+    return need_critic
+
+
+# ==================================================================================================
+# launch checks (validate_config, run_ppo)
+
+
+def check_accelerator(config: Any, environ: Optional[Mapping[str, str]] = None,
+                      accelerator_visible: Optional[Callable[[], bool]] = None) -> None:
+    """Refuse to start Ray on a machine where verl would wait for GPUs forever.
+
+    Passes when the CPU backend is selected (``VERL_PLATFORM=cpu``), when Ray joins an existing cluster
+    (``RAY_ADDRESS`` or ``ray_kwargs.ray_init.address``: its accelerators may be on other machines), or
+    when verl's platform sees an accelerator (``accelerator_visible``, default verl's
+    ``is_device_available``). Raises RuntimeError otherwise.
+    """
+    environ = os.environ if environ is None else environ
+    if environ.get(CPU_BACKEND_ENV, "").strip().lower() == "cpu":
+        return
+    if environ.get("RAY_ADDRESS") or select(config, "ray_kwargs.ray_init.address"):
+        return
+    if (accelerator_visible or _verl_sees_an_accelerator)():
+        return
+    raise RuntimeError(
+        f"algorithm.adv_estimator={ESTIMATOR_NAME}: this machine has no accelerator visible to verl and verl's CPU "
+        f"backend is not selected, so Ray would wait for trainer.n_gpus_per_node="
+        f"{select(config, 'trainer.n_gpus_per_node', '?')} GPUs forever. Run on a machine with a GPU, or select "
+        f"the CPU backend with the environment variable {CPU_BACKEND_ENV}=cpu (see docs/cpu.md).")
+
+
+def check_entry_point(task_runner_class: Any) -> None:
+    """Refuse verl's ``fully_async_policy`` and ``one_step_off_policy`` entry points (ValueError).
+
+    Their trainers derive from verl's legacy ``RayPPOTrainer`` (through
+    ``verl.experimental.separation.ray_trainer.SeparateRayPPOTrainer``), not from the v1 trainer classes:
+    verl's ``need_critic`` turns the critic on, but the critic's values never reach the estimator.
+    """
+    module = _defining_module(task_runner_class)
+    for package, name in UNSUPPORTED_ENTRY_POINTS.items():
+        if module == package or module.startswith(package + "."):
+            raise ValueError(
+                f"algorithm.adv_estimator={ESTIMATOR_NAME} is not supported by verl's {name} entry point "
+                f"({module}): its trainer derives from verl's legacy RayPPOTrainer, which never hands the critic's "
+                "values to the estimator, so the run would stop at its first advantage step after the models load. "
+                "Use python -m verl.trainer.main_ppo (verl's v1 trainer); for asynchronous rollout set "
+                "trainer.v1.trainer_mode=colocate_async or separate_async.")
+
+
+def make_validate_config(original: Callable[..., Any]) -> Callable[..., Any]:
+    """verl's ``validate_config`` with :func:`check_accelerator` in front for ``group_ppo`` runs in a
+    process that has not started Ray (inside Ray, a worker's visible devices say nothing)."""
+
+    @functools.wraps(original)
+    def validate_config(config: Any, *args: Any, **kwargs: Any) -> Any:
+        if is_group_ppo(config) and not _ray_started():
+            check_accelerator(config)
+        return original(config, *args, **kwargs)
+
+    validate_config.verl_group_ppo_original = original  # type: ignore[attr-defined]
+    return validate_config
+
+
+def make_run_ppo(original: Callable[..., Any]) -> Callable[..., Any]:
+    """verl's ``run_ppo`` with :func:`check_entry_point` in front for ``group_ppo`` runs."""
+
+    @functools.wraps(original)
+    def run_ppo(config: Any, task_runner_class: Any, *args: Any, **kwargs: Any) -> Any:
+        if is_group_ppo(config):
+            check_entry_point(task_runner_class)
+        return original(config, task_runner_class, *args, **kwargs)
+
+    run_ppo.verl_group_ppo_original = original  # type: ignore[attr-defined]
+    return run_ppo
+
+
+def _defining_module(cls: Any) -> str:
+    """The dotted module name that defines ``cls`` (a class or a Ray actor class); for a module run as
+    ``python -m pkg.mod`` that is ``pkg.mod``, and for one run as ``python path/to/pkg/mod.py`` it is
+    ``pkg.mod`` for the installed package ``pkg`` (found from the path), not ``__main__``."""
+    module = getattr(cls, "__module__", None) or ""
+    if module != "__main__":
+        return module
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None:
+        return spec.name
+    path = os.path.splitext(os.path.abspath(getattr(main, "__file__", "") or ""))[0]
+    parts = path.split(os.sep)
+    if "verl" not in parts:
+        return ""
+    return ".".join(parts[len(parts) - 1 - parts[::-1].index("verl"):])
+
+
+def _verl_sees_an_accelerator() -> bool:
+    from verl.utils.device import is_device_available
+
+    return bool(is_device_available())
+
+
+def _ray_started() -> bool:
+    import ray
+
+    return ray.is_initialized()

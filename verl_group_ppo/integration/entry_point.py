@@ -1,0 +1,93 @@
+"""The ``verl.plugins`` entry point ``group_ppo``: ``import verl`` imports this module, which installs.
+
+Each install runs the moment verl imports the module it touches (a post-import hook, see
+:mod:`~verl_group_ppo.integration.hooks`), so a process that never trains pays nothing for it:
+
+===================================  ================================================================================
+verl module imported                 what is installed
+===================================  ================================================================================
+``verl.trainer.ppo.core_algos``      ``group_ppo`` registered with ``register_adv_est``
+                                     (:func:`~verl_group_ppo.integration.estimator.group_ppo_estimator`)
+``verl.trainer.ppo.utils``           ``need_critic``: critic on for ``group_ppo``, after the config checks
+``verl.utils.config``                ``validate_config``: the accelerator check for ``group_ppo`` before Ray starts
+``verl.trainer.main_ppo``            ``run_ppo``: refuses verl's fully_async / one_step_off_policy entry points
+``verl.trainer.ppo.v1``              our trainer module, which puts its classes into ``TRAINER_REGISTRY``
+===================================  ================================================================================
+
+Every install is guarded: a failure is logged at ERROR and recorded (:mod:`~verl_group_ppo.integration.failures`),
+and ``group_ppo`` runs then stop with it. This module imports only the standard library and this
+package's hook and failure modules; the installs import the rest when they run.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+from verl_group_ppo.integration.failures import guarded, install_errors, record_failure
+from verl_group_ppo.integration.hooks import post_import_hooks
+
+
+def register_estimator(core_algos: ModuleType) -> None:
+    """Register ``group_ppo``, then import our math module so that a broken install shows now (logged,
+    and raised by the start-up checks and the estimator for group_ppo runs), not at the first step."""
+    from verl_group_ppo.integration.estimator import group_ppo_estimator
+
+    core_algos.register_adv_est("group_ppo")(group_ppo_estimator)
+    importlib.import_module("verl_group_ppo.core_algos")
+
+
+def install_need_critic(ppo_utils: ModuleType) -> None:
+    """Replace ``verl.trainer.ppo.utils.need_critic`` before any verl module imports it by name."""
+    from verl_group_ppo.integration.checks import make_need_critic
+
+    _wrap(ppo_utils, "need_critic", make_need_critic)
+
+
+def install_validate_config(config_module: ModuleType) -> None:
+    """Replace ``verl.utils.config.validate_config`` before verl's entry points import it by name."""
+    from verl_group_ppo.integration.checks import make_validate_config
+
+    _wrap(config_module, "validate_config", make_validate_config)
+
+
+def install_run_ppo(main_ppo: ModuleType) -> None:
+    """Replace ``verl.trainer.main_ppo.run_ppo`` (verl's experimental entry points import it at call time)."""
+    from verl_group_ppo.integration.checks import make_run_ppo
+
+    _wrap(main_ppo, "run_ppo", make_run_ppo)
+
+
+def install_trainers(v1: ModuleType) -> None:
+    """Import our trainer module, which installs its classes at the end of its own import."""
+    importlib.import_module("verl_group_ppo.integration.trainer")
+
+
+def _wrap(module: ModuleType, name: str, make_wrapper) -> None:
+    current = getattr(module, name)
+    if getattr(current, "verl_group_ppo_original", None) is None:
+        setattr(module, name, make_wrapper(current))
+
+
+INSTALLS = (
+    ("verl.trainer.ppo.core_algos", "registering the group_ppo advantage estimator", register_estimator),
+    ("verl.trainer.ppo.utils", "installing need_critic for group_ppo", install_need_critic),
+    ("verl.utils.config", "installing validate_config for group_ppo", install_validate_config),
+    ("verl.trainer.main_ppo", "installing run_ppo for group_ppo", install_run_ppo),
+    ("verl.trainer.ppo.v1", "importing the GROUP-PPO v1 trainer classes", install_trainers),
+)
+"""(verl module, what the install does (named in errors), install function)."""
+
+
+def install() -> None:
+    """Arrange every install (idempotent); runs when verl loads this module."""
+    for module_name, step, function in INSTALLS:
+        try:
+            post_import_hooks.add(module_name, guarded(step, function))
+        except Exception as exc:  # noqa: BLE001 - recorded and logged, never breaks verl's import
+            record_failure(step, exc)
+
+
+install()
+
+__all__ = ["INSTALLS", "install", "install_errors"]

@@ -1,0 +1,72 @@
+"""``{step}.groups.jsonl``: the groups of a real run, written beside verl's rollout dump.
+
+With ``trainer.rollout_data_dir`` set, verl's v1 trainer writes ``{rollout_data_dir}/{global_step}.jsonl``
+every step (trainer_base.py:506-508 calls ``_log_rollout_data``; the file name is built at
+trainer_base.py:1229). For ``group_ppo`` runs the trainer also writes ``{global_step}.groups.jsonl`` in
+the same folder: one JSON object per response, over its valid response tokens (``response_mask`` as
+the estimator saw it)::
+
+    {"step": int, "uid": str, "score": float, "tokens": [str], "group_ids": [int],
+     "advantages": [float], "endpoints": [bool]}
+
+``uid`` is the prompt id (verl's ``uid`` field; responses to one prompt share it), ``score`` the sum of
+the response's ``rm_scores`` (as verl's dump), ``tokens`` each token id decoded alone by the trainer's
+tokenizer, ``group_ids`` the 1-based group of each token within its response, ``endpoints`` True at
+each group's last token. ``python -m verl_group_ppo.viz`` reads this format.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Sequence
+
+import torch
+
+GROUPS_FILE_SUFFIX = ".groups.jsonl"
+
+
+def groups_file(rollout_data_dir: str, global_step: int) -> str:
+    """The path of step ``global_step``'s groups file (verl's dump is ``{global_step}.jsonl`` there)."""
+    return os.path.join(rollout_data_dir, f"{global_step}{GROUPS_FILE_SUFFIX}")
+
+
+def response_records(step: int, uids: Sequence[str], scores: torch.Tensor, responses: torch.Tensor,
+                     response_mask: torch.Tensor, outputs: Any, tokenizer: Any) -> list[dict[str, Any]]:
+    """One record per response (see the module docstring).
+
+    Args:
+        step: verl's global step.
+        uids: (B,) prompt ids.
+        scores: (B,) the responses' scores.
+        responses: (B, T) token ids, right-padded like ``response_mask``.
+        response_mask: (B, T) 0/1, the mask the estimator saw.
+        outputs: the estimator's ``GroupPPOOutputs`` for this batch ((B, T) ``group_ids``, ``advantages``,
+            ``endpoint_mask``).
+        tokenizer: has ``batch_decode(list of id lists) -> list[str]`` (a Hugging Face tokenizer).
+    """
+    records = []
+    for i, uid in enumerate(uids):
+        valid = response_mask[i].bool()
+        ids = responses[i][valid].tolist()
+        records.append({
+            "step": int(step),
+            "uid": str(uid),
+            "score": float(scores[i]),
+            "tokens": list(tokenizer.batch_decode([[token] for token in ids])) if ids else [],
+            "group_ids": outputs.group_ids[i][valid].tolist(),
+            "advantages": outputs.advantages[i][valid].float().tolist(),
+            "endpoints": outputs.endpoint_mask[i][valid].bool().tolist(),
+        })
+    return records
+
+
+def write_records(path: str, records: Sequence[dict[str, Any]]) -> str:
+    """Write ``records`` as JSON lines to ``path`` (folder created; written whole, then renamed)."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        for record in records:
+            f.write(json.dumps(record, ensure_ascii=False) + "\n")
+    os.replace(tmp, path)
+    return path

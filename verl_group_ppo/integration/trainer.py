@@ -1,0 +1,232 @@
+"""GROUP-PPO on verl's v1 trainers: one mixin over ``sync``, ``colocate_async`` and ``separate_async``.
+
+The classes go into verl's ``TRAINER_REGISTRY`` under verl's own mode names (the mode string also
+drives behaviour inside verl, so new names are not an option): this module installs them itself at the
+end of its import (:func:`install_trainers`; a failure is recorded, see
+:mod:`~verl_group_ppo.integration.failures`). The entry point's hook on ``verl.trainer.ppo.v1`` only
+imports this module; when this module is what imported verl's v1 package, that hook gets this
+half-imported module back and the install still happens here, once, when the import finishes.
+
+With any estimator other than ``group_ppo`` every method below hands straight to verl's. With ``group_ppo``:
+
+- ``_compute_advantage`` fetches the critic's values (and old log-probs for the ``low_prob`` rule, and
+  ``loss_mask``) from TransferQueue and runs verl's own advantage step inside
+  :func:`~verl_group_ppo.integration.estimator.estimator_inputs`, so KL-in-reward, rollout correction
+  and the multi-trajectory handling stay verl's. It then stores the critic-loss weights next to the
+  advantages (a second ``kv_batch_put``, whose metadata it returns so the critic's micro-batches carry
+  them), updates the adaptive threshold and adds the core's ``group/*`` metrics. It runs in every step,
+  critic warm-up (``trainer.critic_warmup``) included: its returns are the critic's targets.
+- ``_setup`` installs the boundary critic loss after verl's setup installed verl's.
+- ``_save_checkpoint`` / ``_load_checkpoint`` save and restore the threshold with verl's checkpoints.
+- ``_log_rollout_data`` (verl calls it when ``trainer.rollout_data_dir`` is set) also writes
+  ``{step}.groups.jsonl`` (:mod:`~verl_group_ppo.integration.rollout_groups`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Optional
+
+import torch
+import transfer_queue as tq
+from tensordict import TensorDict
+from transfer_queue import KVBatchMeta
+
+from verl.trainer.ppo.v1 import trainer_base
+from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+from verl.trainer.ppo.v1.trainer_colocate_async import PPOTrainerColocateAsync
+from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
+from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+from verl.workers.utils.padding import response_to_nested
+
+from verl_group_ppo.config import AlgorithmSettings, read_algorithm_settings, select
+from verl_group_ppo.core_algos import AdaptiveThreshold, GroupPPOOutputs
+from verl_group_ppo.integration import ESTIMATOR_NAME, checkpoint, rollout_groups
+from verl_group_ppo.integration.checks import is_group_ppo
+from verl_group_ppo.integration.critic_loss import CRITIC_WEIGHTS_KEY, boundary_loss_weights, make_critic_loss_fn
+from verl_group_ppo.integration.estimator import estimator_inputs
+from verl_group_ppo.integration.failures import guarded
+
+logger = logging.getLogger("verl_group_ppo")
+
+DUMP_FIELDS = ["uid", "responses", "rm_scores"]
+"""What the groups dump reads from TransferQueue besides the estimator's inputs."""
+
+
+class GroupPPOTrainerMixin:
+    """GROUP-PPO behaviour for a verl v1 :class:`PPOTrainer` subclass; inert for other estimators."""
+
+    def __init__(self, config: Any) -> None:
+        super().__init__(config)
+        self.group_ppo_enabled: bool = is_group_ppo(config)
+        self.group_settings: Optional[AlgorithmSettings] = None
+        self.group_threshold: Optional[AdaptiveThreshold] = None
+        self._group_records: list[dict[str, Any]] = []
+        if self.group_ppo_enabled:
+            if not self.use_critic:
+                raise RuntimeError(
+                    f"algorithm.adv_estimator={ESTIMATOR_NAME} but verl decided to run without a critic: verl's "
+                    "need_critic was bound before the verl-group-ppo plugin installed (was the plugin imported "
+                    "by hand after verl's trainer, or VERL_USE_EXTERNAL_PLUGINS set to exclude group_ppo?)")
+            self.group_settings = read_algorithm_settings(config.algorithm)
+            self.group_threshold = AdaptiveThreshold(self.group_settings.group)
+
+    # ------------------------------------------------------------------ setup
+
+    def _setup(self) -> None:
+        """verl's setup, then the GROUP-PPO boundary critic loss in place of verl's ``value_loss``
+        (``critic_loss_on: all_tokens`` keeps verl's)."""
+        super()._setup()
+        if self.group_ppo_enabled and self.use_critic and self.group_settings.group.critic_loss_on == "boundaries":
+            self.critic_wg.set_loss_fn(make_critic_loss_fn(self.config.critic, "boundaries"))
+
+    # ------------------------------------------------------------------ advantage step
+
+    def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
+        """verl's advantage step with the critic's values reaching the ``group_ppo`` estimator."""
+        if not self.group_ppo_enabled:
+            return super()._compute_advantage(batch, metrics)
+        fetched = fetch_fields(batch, self._advantage_fields())
+        with estimator_inputs(fetched["values"], fetched.get("old_log_probs"),
+                              threshold=self.group_threshold.value) as inputs:
+            batch = super()._compute_advantage(batch, metrics)
+        outputs: Optional[GroupPPOOutputs] = inputs.outputs
+        if outputs is None:
+            raise RuntimeError(
+                "verl's advantage step did not call the group_ppo estimator; this verl version routes "
+                "estimators differently from what verl-group-ppo supports (see docs/verl_integration.md).")
+        weights = boundary_loss_weights(outputs.critic_mask, fetched["loss_mask"])
+        batch = store_per_token(batch, {CRITIC_WEIGHTS_KEY: weights}, fetched["nested_response_mask"])
+        self.group_threshold.update(outputs)
+        metrics.update(outputs.metrics)
+        if self._rollout_data_dir():
+            self._group_records.extend(self._records(batch, fetched, outputs))
+        return batch
+
+    def _advantage_fields(self) -> list[str]:
+        fields = ["response_mask", "values", "loss_mask"]
+        if self.group_settings.group.boundary_rule == "low_prob":
+            fields.append("old_log_probs")
+        return fields + (DUMP_FIELDS if self._rollout_data_dir() else [])
+
+    def _records(self, batch: KVBatchMeta, fetched: dict, outputs: GroupPPOOutputs) -> list[dict[str, Any]]:
+        """This batch's groups-file records, over the valid tokens of the mask the estimator saw."""
+        mask = fetch_fields(batch, ["response_mask"])["response_mask"]
+        return rollout_groups.response_records(
+            self.global_steps, fetched["uid"], fetched["rm_scores"].sum(dim=-1), fetched["responses"], mask,
+            outputs, self.tokenizer)
+
+    def _rollout_data_dir(self) -> Optional[str]:
+        return select(self.config, "trainer.rollout_data_dir")
+
+    # ------------------------------------------------------------------ rollout dump
+
+    def _log_rollout_data(self, batch: KVBatchMeta, timing_raw: dict, rollout_data_dir: str) -> None:
+        """verl's rollout dump, then this step's ``{step}.groups.jsonl`` beside it."""
+        super()._log_rollout_data(batch, timing_raw, rollout_data_dir)
+        if self.group_ppo_enabled:
+            path = rollout_groups.groups_file(rollout_data_dir, self.global_steps)
+            rollout_groups.write_records(path, self._group_records)
+            self._group_records = []
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _save_checkpoint(self) -> None:
+        """Write the GROUP-PPO state into the step folder first, then let verl save (and write its tracker
+        file last), so a checkpoint verl can resume from always holds the threshold."""
+        if self.group_ppo_enabled:
+            checkpoint.save_group_state(checkpoint.step_folder(self.config.trainer, self.global_steps),
+                                        self.group_threshold, self.group_settings.group, self.global_steps)
+        super()._save_checkpoint()
+
+    def _load_checkpoint(self) -> None:
+        """verl's resume, then the threshold from the same checkpoint folder."""
+        super()._load_checkpoint()
+        if not self.group_ppo_enabled or self.global_steps == 0:
+            return
+        folder = checkpoint.resume_folder(self.config.trainer)
+        if folder is None:
+            return
+        state = checkpoint.load_group_state(folder)
+        if state is None:
+            logger.warning(
+                "verl-group-ppo: checkpoint %s has no %s (saved by another estimator?); starting from "
+                "algorithm.group_params.group_variance_threshold=%s", folder, checkpoint.STATE_FILE,
+                self.group_threshold.value)
+            return
+        self.group_threshold.load_state_dict(state["threshold_state"])
+        logger.info("verl-group-ppo: resumed threshold %s from %s", self.group_threshold.value, folder)
+
+
+# ==================================================================================================
+# TransferQueue I/O
+
+
+def fetch_fields(batch: KVBatchMeta, fields: list[str]) -> dict[str, Any]:
+    """The batch's stored ``fields`` right-padded to (B, T) as verl's advantage step sees them (``uid``
+    as a list of B strings), plus ``nested_response_mask`` when ``response_mask`` is fetched (the
+    layout per-token fields are stored back in)."""
+    data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
+    padded = data.to_padded_tensor()
+    out: dict[str, Any] = {name: padded[name] for name in fields if name != "uid"}
+    if "uid" in fields:
+        out["uid"] = list(padded["uid"].tolist())
+    if "response_mask" in fields:
+        out["nested_response_mask"] = data["response_mask"]
+    return out
+
+
+def store_per_token(batch: KVBatchMeta, fields: dict[str, torch.Tensor], nested_mask: torch.Tensor) -> KVBatchMeta:
+    """Store (B, T) per-token ``fields`` per response; return this put's metadata (it lists every stored
+    field, so the critic's micro-batches receive these)."""
+    nested = TensorDict({name: response_to_nested(value, nested_mask) for name, value in fields.items()},
+                        batch_size=len(batch))
+    return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=nested)
+
+
+# ==================================================================================================
+# the registered classes
+
+
+class GroupPPOTrainerSync(GroupPPOTrainerMixin, PPOTrainerSync):
+    """verl's ``sync`` trainer with GROUP-PPO support."""
+
+
+class GroupPPOTrainerColocateAsync(GroupPPOTrainerMixin, PPOTrainerColocateAsync):
+    """verl's ``colocate_async`` trainer with GROUP-PPO support."""
+
+
+class GroupPPOTrainerSeparateAsync(GroupPPOTrainerMixin, PPOTrainerSeparateAsync):
+    """verl's ``separate_async`` trainer with GROUP-PPO support."""
+
+
+TRAINER_CLASSES: dict[str, tuple[type[PPOTrainer], type[PPOTrainer]]] = {
+    "sync": (PPOTrainerSync, GroupPPOTrainerSync),
+    "colocate_async": (PPOTrainerColocateAsync, GroupPPOTrainerColocateAsync),
+    "separate_async": (PPOTrainerSeparateAsync, GroupPPOTrainerSeparateAsync),
+}
+"""trainer.v1.trainer_mode -> (verl's class, our subclass)."""
+
+INSTALL_STEP = "installing the GROUP-PPO v1 trainer classes"
+
+
+def install_trainers(registry: dict[str, type]) -> None:
+    """Put the GROUP-PPO subclasses into verl's ``TRAINER_REGISTRY`` in place of verl's classes.
+
+    Raises RuntimeError (after installing every other mode) when an entry is missing or holds a class
+    other than verl's: someone else replaced it, or verl renamed its modes.
+    """
+    problems = []
+    for mode, (verl_cls, group_cls) in TRAINER_CLASSES.items():
+        current = registry.get(mode)
+        if current is group_cls:
+            continue
+        if current is not verl_cls:
+            problems.append(f"{mode!r} holds {current!r}, expected verl's {verl_cls.__name__}")
+            continue
+        registry[mode] = group_cls
+    if problems:
+        raise RuntimeError("verl's v1 TRAINER_REGISTRY is not as verl-group-ppo expects: " + "; ".join(problems))
+
+
+guarded(INSTALL_STEP, install_trainers)(trainer_base.TRAINER_REGISTRY)
