@@ -6,6 +6,8 @@ The recorded Hydra overrides are composed with verl's own config directory, chec
 makes before starting Ray (the model path points at a tiny local Qwen2 config + tokenizer so verl's
 model config can be built offline), and GROUP-PPO's ``algorithm.group_params`` is checked with
 ``verl_group_ppo.config.GroupParams.from_config``. A stale or misspelled key fails composition.
+The scripts must also save checkpoints and log to backends that need no account (file, TensorBoard),
+with absolute output paths handed to the Ray workers.
 """
 
 from __future__ import annotations
@@ -30,6 +32,12 @@ MODEL_IDS = {
     "7b": "Qwen/Qwen2.5-7B-Instruct",
 }
 CASES = [(size, est) for size in SIZES for est in ESTIMATORS]
+# group_max_size is the one GROUP-PPO key the examples set away from the package default
+# (docs/configuration.md, "group_max_size"); lambda and the threshold settings stay at the defaults.
+EXAMPLE_GROUP_MAX_SIZE = 32
+ENV_VARS = "++ray_kwargs.ray_init.runtime_env.env_vars."
+# Output paths are named after the experiment, so they differ between the estimators' scripts.
+RUN_PATH_KEYS = {"trainer.default_local_dir", ENV_VARS + "TENSORBOARD_DIR"}
 
 STUB = """#!/bin/sh
 # Stand-in for python3: record the arguments (NUL-separated) instead of running anything.
@@ -77,7 +85,7 @@ def run_script(script: Path, stub_bin: Path, tmp_path: Path, *extra: str, env: d
     argv_file = tmp_path / "argv.bin"
     if argv_file.exists():
         argv_file.unlink()
-    full_env = {k: v for k, v in os.environ.items() if k not in ("PYTHON", "DATA_DIR", "MODEL_PATH")}
+    full_env = {k: v for k, v in os.environ.items() if k not in ("PYTHON", "DATA_DIR", "MODEL_PATH", "OUT_DIR")}
     full_env.update(PATH=f"{stub_bin}{os.pathsep}{os.environ.get('PATH', '')}", ARGV_FILE=str(argv_file))
     full_env.update(env or {})
     proc = subprocess.run(["bash", str(script), *extra], env=full_env, capture_output=True, text=True, timeout=60)
@@ -103,12 +111,15 @@ def compose(overrides: list[str]):
 
 
 def main_ppo_checks(cfg) -> tuple[bool, bool]:
-    """What ``verl.trainer.main_ppo.main`` runs on the config before Ray starts; returns (critic, ref)."""
+    """What ``verl.trainer.main_ppo.main`` runs on the config before Ray starts on a GPU node; returns
+    (critic, ref). ``need_critic`` is the plugin's (the group_params checks); ``validate_config`` is verl's
+    own, without the plugin's accelerator check in front, which would refuse this GPU-less machine."""
     from verl.trainer import main_ppo
 
     use_critic = main_ppo.need_critic(cfg)
     use_ref = main_ppo.need_reference_policy(cfg)
-    main_ppo.validate_config(config=cfg, use_reference_policy=use_ref, use_critic=use_critic)
+    validate = getattr(main_ppo.validate_config, "verl_group_ppo_original", main_ppo.validate_config)
+    validate(config=cfg, use_reference_policy=use_ref, use_critic=use_critic)
     return use_critic, use_ref
 
 
@@ -155,9 +166,60 @@ def test_script_composes_with_verl_config(size, estimator, stub_bin, tiny_model,
     if estimator == "group_ppo":
         from verl_group_ppo.config import GroupParams
 
-        # Every key is written out explicitly, at the package default.
+        # Every key is written out explicitly, at the package default except group_max_size.
         assert set(algo.group_params) == {f.name for f in fields(GroupParams)}
-        assert GroupParams.from_config(algo.group_params) == GroupParams()
+        assert GroupParams.from_config(algo.group_params) == GroupParams(group_max_size=EXAMPLE_GROUP_MAX_SIZE)
+
+
+@pytest.mark.parametrize("size,estimator", CASES, ids=[f"{s}-{e}" for s, e in CASES])
+def test_script_saves_and_logs_without_an_account(size, estimator, stub_bin, tmp_path):
+    out_dir = tmp_path / "out"
+    cfg = compose(overrides_of(script_path(size, estimator), stub_bin, tmp_path, env={"OUT_DIR": str(out_dir)}))
+    trainer = cfg.trainer
+    run_dir = f"{out_dir}/{trainer.project_name}/{trainer.experiment_name}"
+    # Checkpoints: periodically (verl also saves at the last step whenever save_freq > 0), bounded on disk.
+    assert 0 < trainer.save_freq < trainer.total_epochs * 7473 // cfg.data.train_batch_size
+    assert trainer.max_actor_ckpt_to_keep >= 1 and trainer.max_critic_ckpt_to_keep >= 1
+    assert trainer.default_local_dir == f"{run_dir}/checkpoints"
+    # Logging: the console plus two backends that work offline; paths reach the workers through Ray.
+    assert set(trainer.logger) == {"console", "tensorboard", "file"}
+    env_vars = cfg.ray_kwargs.ray_init.runtime_env.env_vars
+    assert env_vars.VERL_FILE_LOGGER_ROOT == str(out_dir)
+    assert env_vars.TENSORBOARD_DIR == f"{run_dir}/tensorboard"
+
+
+def test_relative_out_dir_is_made_absolute(stub_bin, tmp_path):
+    overrides = overrides_of(script_path("0.5b", "group_ppo"), stub_bin, tmp_path, env={"OUT_DIR": "runs/x"})
+    root = dict(item.split("=", 1) for item in overrides)[ENV_VARS + "VERL_FILE_LOGGER_ROOT"]
+    assert os.path.isabs(root) and root.endswith("/runs/x")
+
+
+def test_group_metrics_reach_the_file_and_tensorboard_logs(stub_bin, tmp_path, monkeypatch):
+    """verl's own Tracking, built as the trainer builds it from the script's settings, keeps group/* offline."""
+    import json
+
+    from verl.utils.tracking import Tracking
+
+    cfg = compose(overrides_of(script_path("0.5b", "group_ppo"), stub_bin, tmp_path,
+                               env={"OUT_DIR": str(tmp_path / "out")}))
+    for key, value in cfg.ray_kwargs.ray_init.runtime_env.env_vars.items():
+        monkeypatch.setenv(key, str(value))
+    tracking = Tracking(project_name=cfg.trainer.project_name, experiment_name=cfg.trainer.experiment_name,
+                        default_backend=list(cfg.trainer.logger), config={})
+    tracking.log({"group/threshold": 1.25, "group/mean_group_size": 11.5}, step=3)
+    for backend in tracking.logger.values():
+        if hasattr(backend, "finish"):
+            backend.finish()
+    jsonl = tmp_path / "out" / cfg.trainer.project_name / f"{cfg.trainer.experiment_name}.jsonl"
+    record = json.loads(jsonl.read_text().splitlines()[-1])
+    assert record == {"step": 3, "data": {"group/threshold": 1.25, "group/mean_group_size": 11.5}}
+    assert list((tmp_path / "out").rglob("tensorboard/events.out.tfevents.*"))
+
+
+def test_wandb_is_one_override_away(stub_bin, tmp_path):
+    logger = "trainer.logger=[console,tensorboard,file,wandb]"
+    cfg = compose(overrides_of(script_path("0.5b", "group_ppo"), stub_bin, tmp_path, logger))
+    assert list(cfg.trainer.logger) == ["console", "tensorboard", "file", "wandb"]
 
 
 @pytest.mark.parametrize("size", SIZES)
@@ -170,13 +232,15 @@ def test_baselines_differ_only_where_the_estimator_requires(size, stub_bin, tmp_
 
     group, gae, grpo = as_dict("group_ppo"), as_dict("gae"), as_dict("grpo")
     group_keys = {k for k in group if k.startswith("++algorithm.group_params.")}
-    assert len(group_keys) == 12
+    from verl_group_ppo.config import GroupParams
+
+    assert len(group_keys) == len(fields(GroupParams))
 
     def diff(a, b):
         return {k for k in a.keys() | b.keys() if a.get(k) != b.get(k)}
 
-    assert diff(group, gae) == {"algorithm.adv_estimator", "trainer.experiment_name"} | group_keys
-    assert diff(group, grpo) == {
+    assert diff(group, gae) == {"algorithm.adv_estimator", "trainer.experiment_name"} | RUN_PATH_KEYS | group_keys
+    assert diff(group, grpo) == RUN_PATH_KEYS | {
         "algorithm.adv_estimator",
         "trainer.experiment_name",
         "critic.enable",
@@ -200,14 +264,15 @@ def test_extra_overrides_are_passed_through_and_win(stub_bin, tiny_model, tmp_pa
 
     overrides = overrides_of(
         script_path("0.5b", "group_ppo"), stub_bin, tmp_path,
-        "trainer.total_epochs=1", "++algorithm.group_params.group_max_size=32", "algorithm.lam=0.95",
+        "trainer.total_epochs=1", "++algorithm.group_params.group_max_size=64", "algorithm.lam=0.95",
         env={"MODEL_PATH": tiny_model},
     )
-    assert overrides[-3:] == ["trainer.total_epochs=1", "++algorithm.group_params.group_max_size=32", "algorithm.lam=0.95"]
+    assert overrides[-3:] == ["trainer.total_epochs=1", "++algorithm.group_params.group_max_size=64", "algorithm.lam=0.95"]
     cfg = compose(overrides)
+    assert EXAMPLE_GROUP_MAX_SIZE != 64  # the override must change something
     assert cfg.trainer.total_epochs == 1
     assert cfg.algorithm.lam == 0.95
-    assert GroupParams.from_config(cfg.algorithm.group_params).group_max_size == 32
+    assert GroupParams.from_config(cfg.algorithm.group_params).group_max_size == 64
 
 
 def test_misspelled_key_fails_composition(stub_bin, tmp_path):

@@ -8,16 +8,26 @@
 #
 # The run_qwen2_5-*_gsm8k*.sh scripts next to this file call it with fixed SIZE and ESTIMATOR.
 # Extra arguments are appended after every setting below, so they win (Hydra keeps the last value
-# given for a key), e.g.  trainer.total_epochs=1  trainer.logger=[console,wandb]
+# given for a key), e.g.  trainer.total_epochs=1  'trainer.logger=[console,tensorboard,file,wandb]'
 #
 # Environment:
 #   DATA_DIR    where examples/data_preprocess/gsm8k.py wrote train/test.parquet (default ~/data/gsm8k)
 #   MODEL_PATH  model for actor and critic (default: the Hugging Face Qwen2.5-<SIZE>-Instruct id)
+#   OUT_DIR     where logs and checkpoints go (default ./outputs), per run:
+#                 OUT_DIR/verl_group_ppo_gsm8k/<experiment>.jsonl        every metric, group/* included
+#                 OUT_DIR/verl_group_ppo_gsm8k/<experiment>/tensorboard  the same, for TensorBoard
+#                 OUT_DIR/verl_group_ppo_gsm8k/<experiment>/checkpoints  every 50 steps and at the end,
+#                                                                        the last two kept
 #   PYTHON      interpreter that has verl and verl-group-ppo installed (default python3)
+#
+# Logging needs no account (verl's file logger and TensorBoard; tensorboard comes with verl and this
+# package). Weights & Biases in addition: 'trainer.logger=[console,tensorboard,file,wandb]'.
 #
 # The three estimators share every setting except these (and only because the estimator needs it):
 #   group_ppo  algorithm.adv_estimator=group_ppo, critic.enable=True, every
-#              ++algorithm.group_params.* key set explicitly (the values are the package defaults)
+#              ++algorithm.group_params.* key set explicitly: group_max_size=32 (measured:
+#              docs/configuration.md, "group_max_size"), every other key at the package default (the
+#              lambda and threshold values are not tuned here)
 #   gae        algorithm.adv_estimator=gae, critic.enable=True
 #   grpo       algorithm.adv_estimator=grpo, critic.enable=False (GRPO has no critic), and the KL
 #              to the reference policy as a loss term: actor.use_kl_loss=True, kl_loss_coef=0.001,
@@ -25,7 +35,8 @@
 set -euo pipefail
 
 usage() {
-  sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+  # the header comment, without its leading '# '
+  awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}" >&2
   exit 2
 }
 [ $# -ge 2 ] || usage
@@ -50,6 +61,10 @@ esac
 DATA_DIR=${DATA_DIR:-$HOME/data/gsm8k}
 MODEL_PATH=${MODEL_PATH:-$model}
 PYTHON=${PYTHON:-python3}
+OUT_DIR=${OUT_DIR:-$PWD/outputs}
+case "$OUT_DIR" in /*) ;; *) OUT_DIR=$PWD/$OUT_DIR ;; esac  # absolute: Ray workers do not share our cwd
+project=verl_group_ppo_gsm8k
+experiment="qwen2_5-${size}_gsm8k_${estimator}"
 # Responses sampled per prompt: GRPO needs n > 1; all three estimators use the same n.
 rollout_n=5
 
@@ -86,14 +101,19 @@ shared=(
   critic.optim.lr=1e-5
   critic.ppo_micro_batch_size_per_gpu=$micro_batch
   trainer.critic_warmup=0
-  trainer.logger=[console]
-  trainer.project_name=verl_group_ppo_gsm8k
-  trainer.experiment_name="qwen2_5-${size}_gsm8k_${estimator}"
+  'trainer.logger=[console,tensorboard,file]'
+  ++ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_ROOT="$OUT_DIR"
+  ++ray_kwargs.ray_init.runtime_env.env_vars.TENSORBOARD_DIR="$OUT_DIR/$project/$experiment/tensorboard"
+  trainer.project_name=$project
+  trainer.experiment_name="$experiment"
   trainer.n_gpus_per_node=$n_gpus
   trainer.nnodes=1
   trainer.val_before_train=True
   trainer.test_freq=10
-  trainer.save_freq=-1
+  trainer.save_freq=50
+  trainer.max_actor_ckpt_to_keep=2
+  trainer.max_critic_ckpt_to_keep=2
+  trainer.default_local_dir="$OUT_DIR/$project/$experiment/checkpoints"
   trainer.total_epochs=15
 )
 
@@ -103,10 +123,13 @@ case "$estimator" in
       algorithm.adv_estimator=group_ppo
       critic.enable=True
       actor_rollout_ref.actor.use_kl_loss=False
-      # Every GROUP-PPO key, at its default; docs/configuration.md explains each one.
+      # Every GROUP-PPO key; docs/configuration.md explains each one. group_max_size=32: with the
+      # default threshold range (tau <= max_threshold = 10) a cap of 16 ends about a fifth of the groups
+      # and 32 almost none, so the critic, not the cap, decides (benchmarks/bench_long_cot.py). All other
+      # keys are the package defaults; lambda and the threshold settings are not tuned here.
       ++algorithm.group_params.boundary_rule=variance
       ++algorithm.group_params.group_variance_threshold=1.0
-      ++algorithm.group_params.group_max_size=16
+      ++algorithm.group_params.group_max_size=32
       ++algorithm.group_params.group_epsilon=1e-6
       ++algorithm.group_params.adaptive_threshold=True
       ++algorithm.group_params.threshold_lr=0.01
@@ -116,6 +139,10 @@ case "$estimator" in
       ++algorithm.group_params.low_prob_threshold=0.9
       ++algorithm.group_params.adv_norm=batch
       ++algorithm.group_params.critic_loss_on=boundaries
+      ++algorithm.group_params.policy_lam=null
+      ++algorithm.group_params.critic_lam=null
+      ++algorithm.group_params.adaptive_target=explained_variance
+      ++algorithm.group_params.target_group_size=8.0
     ) ;;
   gae)
     specific=(
