@@ -41,10 +41,13 @@ import math
 import statistics
 import time
 from dataclasses import asdict, dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from verl_group_ppo.core_algos import GroupPPOOutputs
 
 RESPONSES_PER_PROMPT = 8
 PROMPT_STD = 0.8  # spread of the latent score between prompts (difficulty)
@@ -73,9 +76,11 @@ class Setting:
     tau: float
 
     def cap(self, length: int) -> int:
+        """The cap in tokens for responses of ``length`` tokens."""
         return length if self.group_max_size is None else self.group_max_size
 
     def label(self) -> str:
+        """How the setting is named in the table."""
         cap = "T" if self.group_max_size is None else str(self.group_max_size)
         return f"cap {cap}, tau {self.tau:g}"
 
@@ -190,7 +195,7 @@ def measure_length(length: int, critic: str, args: argparse.Namespace) -> list[R
     return rows
 
 
-def capped_share(out, cap: int) -> float:
+def capped_share(out: "GroupPPOOutputs", cap: int) -> float:
     """Share of groups whose size equals the cap (they stopped at ``group_max_size``, or hit it exactly);
     NaN when the cap is the whole response."""
     if cap >= out.critic_mask.shape[1]:
@@ -222,6 +227,7 @@ def _pair(ours: float, gae: float) -> str:
 
 
 def parse_args() -> argparse.Namespace:
+    """The command line (see the module docstring)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--lengths", default="256,1024,4096,8192", help="comma-separated response lengths T")
     p.add_argument("--batch-tokens", type=int, default=2**18, help="tokens per batch (B = this / T)")
