@@ -6,11 +6,12 @@
 For each response length T (default 256, 1k, 4k, 8k tokens) it builds one synthetic batch of about
 ``--batch-tokens`` tokens (B = batch_tokens / T responses, every response exactly T tokens), with an outcome
 reward at the last token and critic values = a smooth true value + noise, for three critics (trained,
-weak, and smooth: trained without per-token jitter). It then runs ``compute_group_ppo_outputs`` at several (group_max_size, tau) settings and
-reports groups per response, mean group size, the share of groups that stop at the cap, the boundary
-explained variance, and the median wall time per batch, next to verl's ``compute_gae_advantage_return``
-on the same batch (the baseline, timed round-robin in the same run). Only the first critic's batches are
-timed: the cost does not depend on the values.
+weak, and smooth: trained without per-token jitter). It then runs ``compute_group_ppo_outputs`` at
+several (group_max_size, tau) settings and reports groups per response, mean group size, the share of
+groups that stop at the cap, the boundary explained variance, and the median wall and process-CPU time
+per batch, next to verl's ``compute_gae_advantage_return`` on the same batch (the baseline, timed
+round-robin in the same run). Only the first critic's batches are timed: the cost does not depend on
+the values.
 
 The synthetic task (all per response; "decisive" tokens are where a reasoning step goes right or wrong):
   * a latent score x_t: x_0 ~ N(mu, 0.3^2) with mu ~ N(0, 0.8^2) shared by the responses to one prompt
