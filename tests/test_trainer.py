@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 from functools import partial
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -164,6 +165,113 @@ def test_other_estimators_get_verls_trainer_behaviour(ray_tq, tmp_path):
     valid = stored["response_mask"].bool()
     assert torch.equal(stored["advantages"][valid], adv[valid])
     assert torch.equal(stored["returns"][valid], ret[valid])
+
+
+# ----------------------------------------------------------------------------------------------------
+# critic warm-up: verl's step loop with stand-in workers
+
+
+class StandInReplayBuffer:
+    """Hands out stored batches in order, as verl's replay buffer hands out rollouts."""
+
+    def __init__(self, batches):
+        self.batches = list(batches)
+
+    def sample(self, global_steps, partition_id, batch_size):
+        return self.batches.pop(0), {}
+
+
+def run_steps(trainer, n_steps: int) -> list[dict]:
+    """verl's real ``_step_once`` for global steps 1..n_steps; only what needs workers is stood in (rewards,
+    log-probs and values are already stored with the samples). Returns per step what ran."""
+    trainer.replay_buffer = StandInReplayBuffer(U.put_samples(U.make_samples(seed=20 + i)) for i in range(n_steps))
+    trainer.reward_loop_manager = SimpleNamespace(reward_loop_worker_handles=["stand-in"])  # rewards stored already
+    trainer.checkpoint_manager = SimpleNamespace(sleep_replicas=lambda: None)  # the rollout replicas
+    trainer.curr_step_profile = False
+    for name in ("_balance_batch", "_compute_old_log_prob", "_compute_ref_log_prob", "_compute_values"):
+        setattr(trainer, name, lambda batch, metrics, **kwargs: batch)
+    steps = []
+    trainer._update_critic = lambda batch, metrics: steps[-1].update(critic=True) or batch
+    trainer._update_actor = lambda batch, metrics: steps[-1].update(actor=True) or batch
+    for step in range(1, n_steps + 1):
+        trainer.global_steps = step
+        steps.append({"critic": False, "actor": False, "threshold_used": trainer.group_threshold.value})
+        metrics: dict = {}
+        trainer._step_once(metrics, {}, sample_batch_size=6)
+        steps[-1].update(group_metrics="group/threshold" in metrics, threshold_after=trainer.group_threshold.value)
+    return steps
+
+
+def test_critic_warmup_updates_only_the_critic_while_groups_and_threshold_run(ray_tq):
+    # verl 0.9.1 updates the actor when trainer.critic_warmup <= global_steps (trainer_base.py:608), counting
+    # steps from 1 (trainer_base.py:454): critic_warmup=3 leaves steps 1 and 2 to the critic alone.
+    trainer = U.make_trainer(["trainer.critic_warmup=3", "++algorithm.group_params.threshold_lr=0.5"])
+    steps = run_steps(trainer, 4)
+    assert [s["critic"] for s in steps] == [True] * 4
+    assert [s["actor"] for s in steps] == [False, False, True, True]
+    assert all(s["group_metrics"] for s in steps)  # GROUP-PPO's advantage step ran every step
+    # the threshold adapted in the warm-up steps too, each step using the previous step's value
+    assert steps[0]["threshold_after"] != steps[0]["threshold_used"] == 1.0
+    assert all(later["threshold_used"] == earlier["threshold_after"] for earlier, later in zip(steps, steps[1:]))
+
+
+# ----------------------------------------------------------------------------------------------------
+# the groups of a real run beside verl's rollout dump
+
+
+class StandInTokenizer:
+    """Token id i decodes to ``t{i}``."""
+
+    pad_token_id = 0
+
+    def decode(self, ids, skip_special_tokens=False):
+        return " ".join(f"t{int(i)}" for i in ids)
+
+    def batch_decode(self, sequences, skip_special_tokens=False):
+        return [self.decode(ids) for ids in sequences]
+
+
+def test_rollout_dump_writes_the_groups_beside_verls(ray_tq, tmp_path):
+    dump = tmp_path / "rollouts"
+    trainer = U.make_trainer([f"trainer.rollout_data_dir={dump}", *ROLLOUT_CORRECTION])
+    trainer.tokenizer = StandInTokenizer()
+    trainer._init_dump_executor()  # what verl's _setup does for the dump (it needs GPUs for the rest)
+    for step, seed in ((4, 6), (5, 7)):
+        trainer.global_steps = step
+        samples = U.make_samples(seed=seed)
+        threshold_used = trainer.group_threshold.value
+        out = trainer._compute_advantage(U.put_samples(samples), {})
+        trainer._log_rollout_data(out, {}, str(dump))  # verl calls this after the step (trainer_base.py:506-508)
+    trainer._shutdown_dump_executor()  # verl writes its own file on a thread
+
+    assert sorted(os.listdir(dump)) == ["4.groups.jsonl", "4.jsonl", "5.groups.jsonl", "5.jsonl"]
+    with open(dump / "5.groups.jsonl") as f:
+        records = [json.loads(line) for line in f]
+    expected = expected_outputs(trainer, out, threshold=threshold_used)
+    stored = U.get_padded(out, ["response_mask", "responses", "rm_scores"])  # the mask the estimator saw
+    assert len(records) == len(samples)
+    for i, record in enumerate(records):
+        valid = stored["response_mask"][i].bool()
+        assert set(record) == {"step", "uid", "score", "tokens", "group_ids", "advantages", "endpoints"}
+        assert (record["step"], record["uid"]) == (5, samples[i]["uid"])
+        assert record["score"] == pytest.approx(float(stored["rm_scores"][i].sum()))
+        assert record["tokens"] == [f"t{t}" for t in stored["responses"][i][valid].tolist()]
+        assert record["group_ids"] == expected.group_ids[i][valid].tolist()
+        assert record["advantages"] == pytest.approx(expected.advantages[i][valid].tolist())
+        assert record["endpoints"] == expected.endpoint_mask[i][valid].tolist()
+    assert records[-1]["tokens"] == []  # the padding row has no valid token
+    assert sum(len(r["tokens"]) for r in records) < sum(len(s["responses"]) for s in samples)  # rejection masked
+
+
+def test_other_estimators_dump_no_groups(ray_tq, tmp_path):
+    trainer = U.make_trainer(["algorithm.adv_estimator=gae", f"trainer.rollout_data_dir={tmp_path}"])
+    trainer.tokenizer = StandInTokenizer()
+    trainer._init_dump_executor()
+    trainer.global_steps = 1
+    out = trainer._compute_advantage(U.put_samples(U.make_samples(seed=8)), {})
+    trainer._log_rollout_data(out, {}, str(tmp_path))
+    trainer._shutdown_dump_executor()
+    assert os.listdir(tmp_path) == ["1.jsonl"]
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -170,7 +170,7 @@ def fetch_fields(batch: KVBatchMeta, fields: list[str]) -> dict[str, Any]:
     padded = data.to_padded_tensor()
     out: dict[str, Any] = {name: padded[name] for name in fields if name != "uid"}
     if "uid" in fields:
-        out["uid"] = list(padded["uid"].tolist())
+        out["uid"] = [str(uid) for uid in padded.get("uid").tolist()]
     if "response_mask" in fields:
         out["nested_response_mask"] = data["response_mask"]
     return out
