@@ -258,9 +258,14 @@ def test_rollout_dump_writes_the_groups_beside_verls(ray_tq, tmp_path):
         assert record["tokens"] == [f"t{t}" for t in stored["responses"][i][valid].tolist()]
         assert record["group_ids"] == expected.group_ids[i][valid].tolist()
         assert record["advantages"] == pytest.approx(expected.advantages[i][valid].tolist())
-        assert record["endpoints"] == expected.endpoint_mask[i][valid].tolist()
+        assert record["endpoints"] == expected.endpoint_mask[i][valid].int().tolist()
     assert records[-1]["tokens"] == []  # the padding row has no valid token
     assert sum(len(r["tokens"]) for r in records) < sum(len(s["responses"]) for s in samples)  # rejection masked
+    # the demo's reader draws exactly this format
+    from verl_group_ppo.viz import render_dump
+
+    assert render_dump(str(dump), str(tmp_path / "groups.html"), steps="all") == [4, 5]
+    assert records[0]["tokens"][0] in (tmp_path / "groups.html").read_text()
 
 
 def test_other_estimators_dump_no_groups(ray_tq, tmp_path):

@@ -7,12 +7,12 @@ the same folder: one JSON object per response, over its valid response tokens (`
 the estimator saw it)::
 
     {"step": int, "uid": str, "score": float, "tokens": [str], "group_ids": [int],
-     "advantages": [float], "endpoints": [bool]}
+     "advantages": [float], "endpoints": [0/1]}
 
 ``uid`` is the prompt id (verl's ``uid`` field; responses to one prompt share it), ``score`` the sum of
 the response's ``rm_scores`` (as verl's dump), ``tokens`` each token id decoded alone by the trainer's
-tokenizer, ``group_ids`` the 1-based group of each token within its response, ``endpoints`` True at
-each group's last token. ``python -m verl_group_ppo.viz`` reads this format.
+tokenizer, ``group_ids`` the 1-based group of each token within its response, ``endpoints`` 1 at
+each group's last token, 0 elsewhere. ``python -m verl_group_ppo.viz`` reads this format.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def response_records(step: int, uids: Sequence[str], scores: torch.Tensor, respo
             "tokens": list(tokenizer.batch_decode([[token] for token in ids])) if ids else [],
             "group_ids": outputs.group_ids[i][valid].tolist(),
             "advantages": outputs.advantages[i][valid].float().tolist(),
-            "endpoints": outputs.endpoint_mask[i][valid].bool().tolist(),
+            "endpoints": outputs.endpoint_mask[i][valid].int().tolist(),
         })
     return records
 
