@@ -61,7 +61,7 @@ def paired_difference(a: dict[int, float], b: dict[int, float]) -> dict[str, Any
     return {"seeds": seeds, "mean": float(d.mean()) if len(d) else None, "se": se, "per_seed": d.tolist()}
 
 
-def _arm_row(name: str, rs: list[dict], ppo_final: Optional[float]) -> dict[str, Any]:
+def _arm_row(name: str, rs: list[dict], ppo_end: Optional[float]) -> dict[str, Any]:
     finals = [r["final_eval_accuracy"] for r in rs]
     areas = [r.get("curve_area", curve_area(r["curve"])) for r in rs]
     steps, m, _ = mean_curve(rs)
@@ -77,7 +77,7 @@ def _arm_row(name: str, rs: list[dict], ppo_final: Optional[float]) -> dict[str,
         "final_eval_samples": rs[0].get("final_eval_samples"),
         "start_mean": float(m[0]),
         "greedy_final_mean": float(np.mean([r.get("final_greedy_accuracy", float("nan")) for r in rs])),
-        "steps_to_ppo_final": steps_to_reach(steps, m, ppo_final) if ppo_final is not None else None,
+        "steps_to_ppo_final": steps_to_reach(steps, m, ppo_end) if ppo_end is not None else None,
         "wall_time_s_mean": float(np.mean([r["wall_time_s"] for r in rs])),
         "final_threshold_mean": (float(np.mean([r["final_threshold"] for r in rs]))
                                  if rs[0].get("final_threshold") is not None else None),
@@ -92,14 +92,16 @@ def summarise(runs: list[dict]) -> dict[str, Any]:
         by_est.setdefault(r["estimator"], []).append(r)
     by_est = {e: sorted(by_est[e], key=lambda r: r["seed"]) for e in _order(by_est)}
     ppo_final = float(np.mean([r["final_eval_accuracy"] for r in by_est["gae"]])) if "gae" in by_est else None
-    rows = {e: _arm_row(e, rs, ppo_final) for e, rs in by_est.items()}
+    ppo_end = float(mean_curve(by_est["gae"])[1][-1]) if "gae" in by_est else None  # same prompts as the curves
+    rows = {e: _arm_row(e, rs, ppo_end) for e, rs in by_est.items()}
     pairs = []
     for a, b in combinations(rows, 2):
         pairs.append({"a": a, "b": b, **{
             key: paired_difference(dict(zip(rows[a]["seeds"], rows[a][f"{key}_per_seed"])),
                                    dict(zip(rows[b]["seeds"], rows[b][f"{key}_per_seed"])))
             for key in ("final", "area")}})
-    return {"ppo_final_mean": ppo_final, "estimators": rows, "paired_differences": pairs}
+    return {"ppo_final_mean": ppo_final, "ppo_curve_end_mean": ppo_end, "estimators": rows,
+            "paired_differences": pairs}
 
 
 def write_results_json(path: str, runs: list[dict], meta: dict) -> None:
@@ -118,18 +120,25 @@ def _pm(mean, se) -> str:
     return f"{_fmt(mean, 3)} +- {_fmt(se, 3)}" if se is not None else f"{_fmt(mean, 3)} (1 seed, no SE)"
 
 
+def _terms(spec: Optional[dict]) -> str:
+    if not spec or "min_terms" not in spec:
+        return ""
+    return f" ({spec['min_terms']}-{spec['max_terms']} terms per problem)"
+
+
 def _header_lines(meta: dict) -> list[str]:
     return [
         "# GROUP-PPO demo: summary",
         "",
-        f"Task `{meta.get('task')}` {meta.get('task_spec', '')}, model `{meta.get('model_size')}`, "
+        f"Task `{meta.get('task')}`{_terms(meta.get('task_spec'))}, model `{meta.get('model_size')}`, "
         f"{meta.get('steps')} RL steps x {meta.get('prompts_per_step')} prompts x {meta.get('n_samples')} samples "
         f"(critic warm-up {meta.get('critic_warmup', 0)} steps), seeds {meta.get('seeds')}.",
-        f"Periodic evals: mean verifier reward of {meta.get('eval_samples')} sampled responses (temperature 1) per "
-        f"prompt on {meta.get('eval_size')} held-out prompts. Final eval (after the last step): the same on "
+        f"Periodic evals (the curves, step 0 to the last step): mean verifier reward of {meta.get('eval_samples')} "
+        f"sampled responses (temperature 1) per prompt on the same {meta.get('eval_size')} held-out prompts. "
+        f"Final eval (after the last step; 'final eval acc' below): the same on "
         f"{meta.get('final_eval_size', meta.get('eval_size'))} held-out prompts "
         f"({(meta.get('final_eval_size') or 0) * (meta.get('eval_samples') or 0)} samples). "
-        "Curve area = mean accuracy over the eval points (step 0 and the final eval included).",
+        "Curve area = mean accuracy over the periodic eval points (step 0 and the last step included).",
         f"Warm-start accuracy (sampled / greedy): {_fmt(meta.get('warmstart_eval_accuracy'))} / "
         f"{_fmt(meta.get('warmstart_greedy_accuracy'))}.",
         "",
@@ -165,8 +174,9 @@ def write_summary_md(path: str, runs: list[dict], meta: dict) -> str:
     s = summarise(runs)
     lines = _header_lines(meta) + _arm_table(s) + _pair_table(s)
     if s["ppo_final_mean"] is not None:
-        lines.append(f"PPO's final mean accuracy: {s['ppo_final_mean']:.3f}. 'Steps to PPO's final mean' is the "
-                     f"first eval step at which the estimator's mean curve reaches it.")
+        lines.append(f"PPO's final mean accuracy: {s['ppo_final_mean']:.3f} (final eval); its mean curve ends at "
+                     f"{s['ppo_curve_end_mean']:.3f}. 'Steps to PPO's final mean' is the first eval step at which "
+                     "the estimator's mean curve reaches PPO's curve end (the same periodic-eval prompts).")
     for e, r in s["estimators"].items():
         if r.get("final_threshold_mean") is not None:
             lines.append(f"{_label(e)}: final adaptive threshold (mean over seeds) {r['final_threshold_mean']:.3f}.")

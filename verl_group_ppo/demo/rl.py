@@ -321,7 +321,8 @@ def step_record(learner: Learner, step: int, batch: StepBatch, adv: Advantages,
 
 @dataclass
 class Evaluator:
-    """Periodic evals on the first ``eval_size`` held-out prompts; the final eval on all of them."""
+    """Periodic evals (the learning curve) on the first ``eval_size`` held-out prompts, always the same ones;
+    the final eval on the whole held-out set."""
 
     task: Task
     tok: CharTokenizer
@@ -329,16 +330,26 @@ class Evaluator:
     cfg: RunConfig
     curve: list = dataclasses.field(default_factory=list)
     greedy_curve: list = dataclasses.field(default_factory=list)
+    final: dict = dataclasses.field(default_factory=dict)
 
-    def __call__(self, policy, step: int, final: bool = False) -> dict[str, float]:
-        """Evaluate ``policy`` at ``step`` (sampled and greedy) and append to the curves."""
-        problems = self.evals if final else self.evals[:self.cfg.eval_size]
+    def _accuracies(self, policy, problems: list[Problem], seed: int) -> tuple[float, float]:
         acc = evaluate(policy, self.task, self.tok, problems, self.cfg.response_len, greedy=False,
-                       samples=self.cfg.eval_samples, seed=30_000 + step)
-        greedy = evaluate(policy, self.task, self.tok, problems, self.cfg.response_len, greedy=True)
+                       samples=self.cfg.eval_samples, seed=seed)
+        return acc, evaluate(policy, self.task, self.tok, problems, self.cfg.response_len, greedy=True)
+
+    def __call__(self, policy, step: int) -> dict[str, float]:
+        """Evaluate ``policy`` at ``step`` (sampled and greedy) and append to the curves."""
+        acc, greedy = self._accuracies(policy, self.evals[:self.cfg.eval_size], 30_000 + step)
         self.curve.append([step, acc])
         self.greedy_curve.append([step, greedy])
         return {"eval/accuracy": acc, "eval/greedy_accuracy": greedy}
+
+    def final_eval(self, policy) -> dict[str, float]:
+        """The final eval: every held-out prompt, ``eval_samples`` responses each (and greedy)."""
+        acc, greedy = self._accuracies(policy, self.evals, 50_000)
+        self.final = {"eval/final_accuracy": acc, "eval/final_greedy_accuracy": greedy,
+                      "eval/final_samples": len(self.evals) * self.cfg.eval_samples}
+        return dict(self.final)
 
 
 def train_step(learner: Learner, step: int, cfg: RunConfig, task: Task, tok: CharTokenizer,
@@ -365,8 +376,8 @@ def run_one(estimator: str, seed: int, cfg: RunConfig, task: Task, tok: CharToke
             on_step: Callable[[dict], None] | None = None, keep_models: bool = False) -> dict:
     """Train one arm from ``init_state`` (the warm-start weights); returns the run record.
 
-    ``evals`` is the held-out set: periodic evals use its first ``cfg.eval_size`` prompts, the final eval
-    (after the last step) all of it. With ``keep_models`` the record also holds
+    ``evals`` is the held-out set: the periodic evals (the curve, last point at the last step included) use
+    its first ``cfg.eval_size`` prompts, the final eval after the last step all of it. With ``keep_models`` the record also holds
     ``"models": {"policy": module, "critic": module or None}``, the trained modules (in-process use only;
     results.json never stores them)."""
     arm = get_arm(estimator)
@@ -380,10 +391,10 @@ def run_one(estimator: str, seed: int, cfg: RunConfig, task: Task, tok: CharToke
     for step in range(1, cfg.steps + 1):
         t0 = time.time()
         rec, batch, adv = train_step(learner, step, cfg, task, tok, train)
-        if step == cfg.steps:
-            rec.update(evaluator(learner.policy, step, final=True))
-        elif step % cfg.eval_every == 0:
+        if step % cfg.eval_every == 0 or step == cfg.steps:
             rec.update(evaluator(learner.policy, step))
+        if step == cfg.steps:
+            rec.update(evaluator.final_eval(learner.policy))
         rec["time/step_s"] = time.time() - t0
         if adv.groups is not None and step in cfg.record_groups_at:
             group_samples.append(_group_sample(step, tok, batch, adv.groups))
@@ -399,17 +410,16 @@ def run_one(estimator: str, seed: int, cfg: RunConfig, task: Task, tok: CharToke
 
 def _run_result(arm: Arm, seed: int, cfg: RunConfig, evaluator: Evaluator, learner: Learner, history: list,
                 group_samples: list, wall_time_s: float) -> dict:
-    accuracies = [a for _, a in evaluator.curve]
     return {
         "estimator": arm.name,
         "seed": seed,
-        "final_eval_accuracy": evaluator.curve[-1][1],
-        "final_eval_samples": len(evaluator.evals) * cfg.eval_samples,
-        "curve_area": float(np.mean(accuracies)),
+        "final_eval_accuracy": evaluator.final["eval/final_accuracy"],
+        "final_eval_samples": evaluator.final["eval/final_samples"],
+        "final_greedy_accuracy": evaluator.final["eval/final_greedy_accuracy"],
+        "curve_area": float(np.mean([a for _, a in evaluator.curve])),
         "steps": cfg.steps,
         "curve": evaluator.curve,
         "greedy_curve": evaluator.greedy_curve,
-        "final_greedy_accuracy": evaluator.greedy_curve[-1][1],
         "wall_time_s": wall_time_s,
         "final_threshold": float(learner.threshold.value) if learner.threshold is not None else None,
         "history": history,
