@@ -348,7 +348,8 @@ def test_cli_flags_come_from_the_config_fields_and_quick_changes_only_its_defaul
     assert (cfg.steps, cfg.critic_warmup, cfg.lam, cfg.group_params) == (7, 2, 0.9, {"policy_lam": 0.8})
     for bad, match in ((["--estimators", "group_ppo,ppo"], "unknown estimator 'ppo'"),
                        (["--group-param", "critic_loss_on=all_tokens"], "critic_loss_on"),
-                       (["--steps", "3", "--critic-warmup", "3"], "critic_warmup")):
+                       (["--steps", "3", "--critic-warmup", "3"], "critic_warmup"),
+                       (["--group-param", "policy_lam=1.5"], "policy_lam")):
         with pytest.raises(SystemExit, match=match):
             resolve(parser.parse_args(bad))
 

@@ -20,6 +20,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
+from verl_group_ppo.config import read_algorithm_settings
+
 from .arms import ARMS, DEFAULT_ARMS, get_arm
 from .options import add_arguments, given, option
 from .rl import RunConfig
@@ -100,8 +102,8 @@ def resolve(args: argparse.Namespace) -> tuple[DemoOptions, RunConfig]:
     try:
         cfg = RunConfig(**{k: v for k, v in overrides.items() if k not in opt_names},
                         group_params=parse_group_params(args.group_param))
-        for name in arm_names(opts):
-            get_arm(name)
+        for name in arm_names(opts):  # unknown arms and bad group params fail here, before any training
+            read_algorithm_settings(cfg.algorithm_config(get_arm(name)))
     except ValueError as e:
         raise SystemExit(str(e)) from None
     if opts.output_dir is None:
