@@ -40,11 +40,6 @@ def record_failure(step: str, exc: BaseException) -> None:
     )
 
 
-def forget_failures(step: str) -> None:
-    """Drop the recorded failures of ``step`` (for tests that provoke one on purpose)."""
-    _install_errors[:] = [entry for entry in _install_errors if entry[0] != step]
-
-
 def raise_if_install_failed() -> None:
     """Raise :class:`PluginInstallError` chained to the first failed install step, if any failed."""
     if _install_errors:
