@@ -55,6 +55,17 @@ def test_steps_and_max_responses(tmp_path):
     assert "step 10: 3 of 3 responses" in out.read_text() and "step 20" not in out.read_text()
 
 
+def test_padding_rows_are_counted_not_drawn(tmp_path):
+    d = tmp_path / "dump"
+    _write_dump(d, steps=(3,), uids=("a",))
+    with open(d / "3.groups.jsonl", "a") as f:
+        f.write(json.dumps({"step": 3, "uid": "pad", "score": 0.0, "tokens": [], "group_ids": [], "advantages": [],
+                            "endpoints": []}) + "\n")
+    viz.main([str(d), "-o", str(tmp_path / "g.html")])
+    page = (tmp_path / "g.html").read_text()
+    assert "step 3: 1 of 2 responses" in page and "uid pad" not in page
+
+
 def test_endpoints_from_the_dump_mark_group_ends(tmp_path):
     rec = _record(5, "u", n_groups=3)
     rec["tokens"][0] = "<x&y>"  # token text is escaped

@@ -74,7 +74,9 @@ def response_row(obj: dict[str, Any], where: str) -> dict[str, Any]:
 
 
 def read_step(path: str, max_responses: Optional[int]) -> tuple[list[dict[str, Any]], int]:
-    """(rows ordered by uid, at most ``max_responses`` of them; the number of responses in the file)."""
+    """(rows ordered by uid, at most ``max_responses`` of them; the number of responses in the file).
+
+    Responses with no valid token (verl's padding rows) are counted but not drawn."""
     records = []
     with open(path, encoding="utf-8") as f:
         for line_no, line in enumerate(f, 1):
@@ -87,7 +89,8 @@ def read_step(path: str, max_responses: Optional[int]) -> tuple[list[dict[str, A
     if not records:
         raise ValueError(f"{path} holds no response")
     records.sort(key=lambda r: str(r[1].get("uid", "")))  # responses to one prompt side by side (stable)
-    keep = records if max_responses is None else records[:max_responses]
+    drawable = [r for r in records if r[1].get("tokens") != []]
+    keep = drawable if max_responses is None else drawable[:max_responses]
     return [response_row(obj, f"{path}:{line_no}") for line_no, obj in keep], len(records)
 
 
