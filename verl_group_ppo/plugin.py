@@ -345,6 +345,10 @@ def install() -> None:
             _hooks.add(module_name, _guarded(step, hook))
         except Exception as exc:  # noqa: BLE001
             _record_failure(step, exc)
+    try:  # the CPU backend: does nothing unless VERL_PLATFORM=cpu (verl would hide an exception raised here)
+        importlib.import_module("verl_group_ppo.cpu").install_if_requested()
+    except Exception as exc:  # noqa: BLE001
+        _record_failure("installing the CPU backend (VERL_PLATFORM=cpu)", exc)
 
 
 install()
