@@ -370,7 +370,7 @@ class HFRolloutAdapter(BaseRollout):
     """verl's ``BaseRollout`` for the ``hf`` rollout: forwards the actor's weights to the replica's server.
 
     Every rank iterates the weights (the FSDP engine gathers full tensors collectively); the leader rank
-    of each replica sends them, in buckets of :data:`WEIGHT_BUCKET_BYTES`, to its server.
+    of each replica sends them, in buckets of ``bucket_bytes`` (:data:`WEIGHT_BUCKET_BYTES`), to its server.
     """
 
     def __init__(self, config: Any, model_config: Any, device_mesh: Any, *args: Any, replica_rank: int = -1,
@@ -381,6 +381,7 @@ class HFRolloutAdapter(BaseRollout):
                  * self.config.pipeline_model_parallel_size)
         self.replica_rank = rank // world if replica_rank == -1 else replica_rank
         self.is_leader_rank = rank % world == 0
+        self.bucket_bytes = WEIGHT_BUCKET_BYTES
         self._server: Any = None
 
     async def resume(self, tags: list[str]) -> None:
@@ -409,7 +410,7 @@ class HFRolloutAdapter(BaseRollout):
                 continue
             bucket[name] = tensor.detach().to("cpu", copy=True)
             size += _buckets_sizes(tensor)
-            if size >= WEIGHT_BUCKET_BYTES:
+            if size >= self.bucket_bytes:
                 await self.server().load_weights.remote(bucket, steps, last=False)
                 bucket, size = {}, 0
         if self.is_leader_rank:
