@@ -72,7 +72,7 @@ def test_backend_is_installed_by_import_verl_with_verl_platform_cpu():
     state = cpu_utils.run_python(STATE_PROBE, platform="cpu")
     assert state["installed"] is True
     assert state["platform"] == "CPUPlatform"
-    assert state["hf_adapter"] == rollout.ADAPTER_PATH and state["hf_replica"]
+    assert state["hf_adapter"] == cpu.ADAPTER_PATH and state["hf_replica"]
     assert state["init_pg_patched"] and state["valuehead_patched"]
     assert state["engine_device"] == "cuda"
     assert state["engines"] == ["FSDPEngineWithLMHead", "FSDPEngineWithValueHead"]
@@ -99,7 +99,7 @@ import json, os, ray
 import verl
 ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
 
-@ray.remote
+@ray.remote(max_calls=1)
 def worker_state():
     import os, verl, verl_group_ppo.cpu as cpu
     from verl.plugin.platform import get_platform
@@ -107,14 +107,24 @@ def worker_state():
     return {"pid": os.getpid(), "installed": cpu._installed, "platform": type(get_platform()).__name__,
             "hf": ("hf", "async") in _ROLLOUT_REGISTRY, "engine_device": os.environ.get("VERL_ENGINE_DEVICE")}
 
+@ray.remote(max_calls=1)
+def rollout_module_first():
+    # what a Ray actor unpickling the rollout server does: its first verl import comes from our module
+    import sys
+    assert "verl" not in sys.modules
+    import verl_group_ppo.cpu.rollout, verl_group_ppo.cpu as cpu, verl_group_ppo.plugin as plugin
+    return {"installed": cpu._installed, "errors": [step for step, _ in plugin.install_errors()]}
+
 state = ray.get(worker_state.remote())
 state["driver_pid"] = os.getpid()
+state["rollout_first"] = ray.get(rollout_module_first.remote())
 ray.shutdown()
 print(json.dumps(state))
 """
     state = cpu_utils.run_python(probe, platform="cpu")
     assert state["pid"] != state["driver_pid"]
     assert state == {**state, "installed": True, "platform": "CPUPlatform", "hf": True, "engine_device": "cuda"}
+    assert state["rollout_first"] == {"installed": True, "errors": []}
 
 
 # ==================================================================================================
@@ -296,6 +306,52 @@ def test_server_batches_concurrent_requests_into_one_generate():
         assert out.token_ids == expected.token_ids
         assert (out.log_probs is None) == (i % 2 == 1)
         assert out.stop_reason == "completed" and out.extra_fields == {"global_steps": None}
+
+
+class _SlowModel(torch.nn.Module):
+    """A causal LM whose every forward takes at least ``delay_s`` (so a batch is still running when aborted)."""
+
+    def __init__(self, model, delay_s: float):
+        super().__init__()
+        self.model, self.delay_s = model, delay_s
+        self.generation_config, self.config = model.generation_config, model.config
+
+    def forward(self, **kwargs):
+        import time
+
+        time.sleep(self.delay_s)
+        return self.model(**kwargs)
+
+
+def test_abort_stops_running_answers_waiting_and_holds_new_until_resume():
+    """verl's partial rollout: abort -> running rows return their tokens so far and waiting requests return
+    empty, both ``aborted``; a request sent while paused waits for resume_generation."""
+    model = cpu_utils.tiny_qwen2()
+    server = _server(_SlowModel(model, delay_s=0.01), response_length=40, ignore_eos=True)
+    prompts = [list(r.prompt_ids) for r in _requests([3, 6, 4])]
+    greedy = {"temperature": 0, "top_p": 1.0, "top_k": -1, "logprobs": True}
+
+    async def scenario():
+        running = [asyncio.create_task(server.generate(str(i), p, greedy)) for i, p in enumerate(prompts[:2])]
+        while not server.batch_sizes:
+            await asyncio.sleep(0.01)
+        waiting = asyncio.create_task(server.generate("w", prompts[2], greedy))
+        await asyncio.sleep(0.05)
+        report = await server.abort_all_requests()
+        held = asyncio.create_task(server.generate("h", prompts[2], greedy))
+        await asyncio.sleep(0.1)
+        held_before_resume = held.done()
+        await server.resume_generation()
+        return report, await asyncio.gather(*running), await waiting, held_before_resume, await held
+
+    report, running, waiting, held_before_resume, held = asyncio.run(scenario())
+    full = generate_batch(model, _requests([3, 6, 4], max_tokens=40), [], cpu_utils.PAD_ID)
+    assert report["aborted_count"] == 1 and waiting.stop_reason == "aborted" and waiting.token_ids == []
+    for out, reference in zip(running, full):
+        assert out.stop_reason == "aborted" and 0 < len(out.token_ids) < 40
+        assert out.token_ids == reference.token_ids[:len(out.token_ids)] and len(out.log_probs) == len(out.token_ids)
+    assert not held_before_resume
+    assert held.stop_reason == "completed" and held.token_ids == full[2].token_ids
 
 
 def test_server_weight_load_is_exact_and_complete():

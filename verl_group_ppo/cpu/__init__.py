@@ -18,11 +18,20 @@ float32, ...) are listed in ``docs/cpu.md``.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
+import sys
 
 PLATFORM_ENV = "VERL_PLATFORM"
 """The environment variable verl reads to pick its platform; ``cpu`` turns this backend on."""
+
+ROLLOUT_NAME = "hf"
+"""The value of ``actor_rollout_ref.rollout.name`` that selects the CPU backend's rollout."""
+
+ROLLOUT_MODULE = "verl_group_ppo.cpu.rollout"
+ADAPTER_PATH = f"{ROLLOUT_MODULE}.HFRolloutAdapter"
+"""Where verl's ``get_rollout_class`` imports the rollout adapter from."""
 
 logger = logging.getLogger("verl_group_ppo.cpu")
 
@@ -62,11 +71,33 @@ def install_if_requested() -> bool:
 
 def _install() -> None:
     """Each install step, in the order verl needs them (the platform before anything resolves it)."""
-    from verl_group_ppo.cpu import distributed, platform, rollout, valuehead
+    from verl_group_ppo.cpu import distributed, platform, valuehead
 
     platform.register_cpu_platform()
     platform.check_active_platform()
     platform.select_fsdp_engine()
     distributed.patch_init_process_group()
     valuehead.patch_valuehead_loader()
-    rollout.register_hf_rollout()
+    _register_hf_rollout()
+
+
+def _register_hf_rollout() -> None:
+    """Register the ``hf`` rollout with verl by name, without importing it (verl imports it when a run uses it;
+    a Ray actor that unpickles the rollout server imports it first, and verl's plugin load inside that import
+    must not need it)."""
+    from verl.workers.rollout import base as rollout_base
+    from verl.workers.rollout.replica import RolloutReplicaRegistry
+
+    rollout_base._ROLLOUT_REGISTRY[(ROLLOUT_NAME, "async")] = ADAPTER_PATH
+    RolloutReplicaRegistry.register(ROLLOUT_NAME, _load_hf_replica)
+
+
+def _load_hf_replica() -> type:
+    """The ``hf`` replica class (verl calls this when ``rollout.name=hf``)."""
+    return importlib.import_module(ROLLOUT_MODULE).HFRolloutReplica
+
+
+if is_requested() and "verl" not in sys.modules:
+    # A process whose first verl import would come from inside one of this package's modules: import verl now,
+    # so that its plugin load installs the backend before any module of the package starts executing.
+    import verl  # noqa: E402, F401

@@ -14,7 +14,7 @@ model's logits. Greedy rows (temperature 0) report the raw log-probability of th
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
@@ -45,11 +45,13 @@ class SamplingRequest:
 
 @dataclass(frozen=True)
 class Completion:
-    """The sampled response of one request: token ids, their log-probs, and whether it ended at EOS."""
+    """The sampled response of one request: token ids, their log-probs, whether it ended at EOS, and
+    whether it was cut short by an abort (its tokens so far are kept)."""
 
     token_ids: list[int]
     log_probs: list[float]
     stopped_at_eos: bool
+    aborted: bool = False
 
 
 def left_pad(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -120,13 +122,14 @@ def _settings(requests: Sequence[SamplingRequest]) -> tuple[torch.Tensor, torch.
 
 @torch.no_grad()
 def generate_batch(model: Any, requests: Sequence[SamplingRequest], eos_token_ids: Sequence[int], pad_token_id: int,
-                   generator: Optional[torch.Generator] = None,
-                   logprobs_mode: str = "processed_logprobs") -> list[Completion]:
+                   generator: Optional[torch.Generator] = None, logprobs_mode: str = "processed_logprobs",
+                   should_abort: Optional[Callable[[], bool]] = None) -> list[Completion]:
     """Generate the responses of ``requests`` as one left-padded batch through ``model`` (an HF causal LM).
 
     A row stops after emitting a token in ``eos_token_ids`` (the EOS token is part of its response) or
-    after its ``max_tokens``; the loop ends when every row has stopped. Returns one :class:`Completion` per
-    request, in order.
+    after its ``max_tokens``; the loop ends when every row has stopped, or before any decoding step at which
+    ``should_abort()`` is true (rows still running are then returned as ``aborted`` with their tokens so
+    far). Returns one :class:`Completion` per request, in order.
     """
     if not requests:
         return []
@@ -138,8 +141,11 @@ def generate_batch(model: Any, requests: Sequence[SamplingRequest], eos_token_id
     positions = position_ids_from_mask(attention_mask)
     out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=True)
     tokens, logprobs, done = [], [], torch.zeros(len(requests), dtype=torch.bool, device=device)
-    ended_at_eos = done.clone()
+    ended_at_eos, aborted = done.clone(), done.clone()
     for step in range(int(budget.max())):
+        if should_abort is not None and should_abort():
+            aborted = ~done
+            break
         next_tokens, next_logprobs = sample_tokens(out.logits[:, -1, :], temperature, top_k, top_p,
                                                    generator, logprobs_mode)
         next_tokens = next_tokens.masked_fill(done, pad_token_id)
@@ -154,12 +160,15 @@ def generate_batch(model: Any, requests: Sequence[SamplingRequest], eos_token_id
         positions = positions[:, -1:] + 1
         out = model(input_ids=next_tokens.unsqueeze(-1), attention_mask=attention_mask, position_ids=positions,
                     past_key_values=out.past_key_values, use_cache=True)
-    return _collect(torch.stack(tokens, dim=1), torch.stack(logprobs, dim=1), eos, budget, ended_at_eos)
+    if not tokens:
+        return [Completion([], [], stopped_at_eos=False, aborted=True) for _ in requests]
+    return _collect(torch.stack(tokens, dim=1), torch.stack(logprobs, dim=1), eos, budget, ended_at_eos, aborted)
 
 
 def _collect(tokens: torch.Tensor, logprobs: torch.Tensor, eos: torch.Tensor, budget: torch.Tensor,
-             ended_at_eos: torch.Tensor) -> list[Completion]:
-    """Cut each row of ``tokens``/``logprobs`` [B, T] after its first EOS or at its budget."""
+             ended_at_eos: torch.Tensor, aborted: torch.Tensor) -> list[Completion]:
+    """Cut each row of ``tokens``/``logprobs`` [B, T] after its first EOS or at its budget (an aborted row
+    keeps the T tokens it has)."""
     completions = []
     for row in range(tokens.shape[0]):
         row_tokens = tokens[row]
@@ -168,5 +177,5 @@ def _collect(tokens: torch.Tensor, logprobs: torch.Tensor, eos: torch.Tensor, bu
             length = int(torch.isin(row_tokens, eos).nonzero()[0]) + 1
         completions.append(Completion(token_ids=row_tokens[:length].tolist(),
                                       log_probs=logprobs[row, :length].tolist(),
-                                      stopped_at_eos=bool(ended_at_eos[row])))
+                                      stopped_at_eos=bool(ended_at_eos[row]), aborted=bool(aborted[row])))
     return completions

@@ -2,13 +2,14 @@
 
 verl's rollout has three parts, each given here:
 
-* :class:`HFRolloutReplica` (a ``RolloutReplica``, registered by name in ``RolloutReplicaRegistry``):
+* :class:`HFRolloutReplica` (a ``RolloutReplica``, registered as ``hf`` in ``RolloutReplicaRegistry`` by
+  :func:`verl_group_ppo.cpu.install_if_requested`):
   starts one :class:`HFRolloutServer` Ray actor per replica.
 * :class:`HFRolloutServer` (a Ray actor): the agent loop's token-in/token-out ``generate`` calls arrive
   concurrently; the server gathers the waiting requests (until no new one arrived for
   ``gather_window_s``, at most ``max_gather_s``) and generates them as one left-padded batch
   (:func:`verl_group_ppo.cpu.generation.generate_batch`), answering each with a ``TokenOutput``.
-* :class:`HFRolloutAdapter` (a ``BaseRollout``, registered in ``_ROLLOUT_REGISTRY[("hf", "async")]``):
+* :class:`HFRolloutAdapter` (a ``BaseRollout``, registered in ``_ROLLOUT_REGISTRY[("hf", "async")]``),
   lives in the actor worker; verl's "naive" weight sync hands it the actor's full tensors, and its
   replica's leader rank forwards them to the server, which copies them into its model and checks that
   every parameter was received.
@@ -28,16 +29,10 @@ import ray
 import torch
 
 from verl.workers.rollout.base import BaseRollout
-from verl.workers.rollout.replica import RolloutReplica
+from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 from verl_group_ppo.cpu.generation import Completion, SamplingRequest, generate_batch
 
 logger = logging.getLogger("verl_group_ppo.cpu")
-
-ROLLOUT_NAME = "hf"
-"""The value of ``actor_rollout_ref.rollout.name`` that selects this rollout."""
-
-ADAPTER_PATH = "verl_group_ppo.cpu.rollout.HFRolloutAdapter"
-"""Where verl's ``get_rollout_class`` imports the adapter from."""
 
 WEIGHT_BUCKET_BYTES = 256 << 20
 """Weight sync sends the actor's tensors to the server in buckets of about this many bytes."""
@@ -143,6 +138,11 @@ class _WeightUpdate:
 class HFRolloutServer:
     """A rollout server (run as a Ray actor) that batches concurrent ``generate`` calls.
 
+    Partial rollout (verl's async trainers): :meth:`abort_all_requests` answers waiting requests at once and
+    stops the running batch before its next token, each as ``stop_reason="aborted"`` with the tokens it
+    has, then holds new requests until :meth:`resume_generation` (verl's client resubmits aborted requests
+    with their tokens appended to the prompt).
+
     Args:
         config: the rollout config (``RolloutConfig`` or its DictConfig): lengths, ``seed``,
             ``max_num_seqs`` (largest batch), ``logprobs_mode``, ``ignore_eos``.
@@ -168,10 +168,17 @@ class HFRolloutServer:
         self.global_steps: Optional[int] = None
         self.batch_sizes: list[int] = []
         self._pending: list[_Pending] = []
-        self._arrived: Optional[asyncio.Event] = None
-        self._batcher: Optional[asyncio.Task] = None
-        self._model_lock: Optional[asyncio.Lock] = None
+        self._loop_state: Optional[_LoopState] = None
+        self._paused, self._reject, self._aborting = False, False, False
         self._update = _WeightUpdate()
+
+    @property
+    def _state(self) -> _LoopState:
+        """Events, lock and batching task, created on the actor's event loop at first use."""
+        if self._loop_state is None:
+            self._loop_state = _LoopState(asyncio.Event(), asyncio.Event(), asyncio.Lock())
+            self._loop_state.resumed.set()
+        return self._loop_state
 
     # ---------------------------------------------------------------- generation
 
@@ -181,51 +188,45 @@ class HFRolloutServer:
         """Token-in/token-out generation of one request (the call verl's ``LLMServerClient`` makes).
 
         Returns a ``TokenOutput`` with the response token ids, their log-probs when
-        ``sampling_params["logprobs"]`` is true, and ``global_steps`` of the weights that produced them.
+        ``sampling_params["logprobs"]`` is true, ``stop_reason`` ``completed`` or ``aborted``, and the
+        ``global_steps`` of the weights that produced them.
         """
-        from verl.workers.rollout.replica import TokenOutput
-
         if image_data is not None or video_data is not None or audio_data is not None:
             raise NotImplementedError("the hf rollout serves text-only prompts (got image/video/audio data)")
         params = dict(sampling_params)
         want_logprobs = bool(params.pop("logprobs", False))
-        completion = await self._submit(to_sampling_request(prompt_ids, params, self.config))
-        return TokenOutput(token_ids=completion.token_ids, log_probs=completion.log_probs if want_logprobs else None,
-                           stop_reason="completed", num_preempted=0,
-                           extra_fields={"global_steps": self.global_steps})
+        request = to_sampling_request(prompt_ids, params, self.config)
+        if self._paused and self._reject:
+            return _token_output(_ABORTED, self.global_steps, want_logprobs)
+        await self._state.resumed.wait()
+        completion, steps = await self._submit(request)
+        return _token_output(completion, steps, want_logprobs)
 
-    async def _submit(self, request: SamplingRequest) -> Completion:
-        """Queue ``request`` for the next batch and wait for its completion."""
-        self._start_batcher()
+    async def _submit(self, request: SamplingRequest) -> tuple[Completion, Optional[int]]:
+        """Queue ``request`` for the next batch; wait for (its completion, the weights' global_steps)."""
+        state = self._state
+        if state.batcher is None or state.batcher.done():
+            state.batcher = asyncio.get_running_loop().create_task(self._serve_batches())
         pending = _Pending(request, asyncio.get_running_loop().create_future())
         self._pending.append(pending)
-        self._arrived.set()
+        state.arrived.set()
         return await pending.future
-
-    def _start_batcher(self) -> None:
-        """Create the event, lock and batching task on the running event loop (once)."""
-        if self._batcher is None or self._batcher.done():
-            self._arrived = asyncio.Event()
-            self._model_lock = self._model_lock or asyncio.Lock()
-            self._batcher = asyncio.get_running_loop().create_task(self._serve_batches())
 
     async def _serve_batches(self) -> None:
         """Forever: wait for requests, gather a batch, generate it off the event loop, answer each caller."""
+        state = self._state
         while True:
-            await self._arrived.wait()
+            await state.arrived.wait()
             batch = await self._gather()
             try:
-                async with self._model_lock:
+                async with state.model_lock:
+                    steps = self.global_steps
                     completions = await asyncio.to_thread(self._generate, [p.request for p in batch])
             except Exception as exc:  # noqa: BLE001 - every waiting caller gets the error
                 logger.error("hf rollout: batch of %d failed: %s", len(batch), exc, exc_info=exc)
-                for pending in batch:
-                    if not pending.future.done():
-                        pending.future.set_exception(exc)
+                _answer(batch, exc)
                 continue
-            for pending, completion in zip(batch, completions):
-                if not pending.future.done():
-                    pending.future.set_result(completion)
+            _answer(batch, [(completion, steps) for completion in completions])
 
     async def _gather(self) -> list[_Pending]:
         """Wait until the arrivals pause (or the window or batch is full), then take up to a batch."""
@@ -236,14 +237,16 @@ class HFRolloutServer:
             await asyncio.sleep(self.gather_window_s)
         batch, self._pending = self._pending[:self.max_batch_size], self._pending[self.max_batch_size:]
         if not self._pending:
-            self._arrived.clear()
+            self._state.arrived.clear()
         return batch
 
     def _generate(self, requests: list[SamplingRequest]) -> list[Completion]:
-        """Run one batch through the model (in a worker thread)."""
+        """Run one batch through the model (in a worker thread); an abort stops it before its next token."""
+        if not requests:
+            return []
         self.batch_sizes.append(len(requests))
         return generate_batch(self.model, requests, self.eos_token_ids, self.pad_token_id, self.generator,
-                              self.logprobs_mode)
+                              self.logprobs_mode, should_abort=lambda: self._aborting)
 
     # ---------------------------------------------------------------- weights
 
@@ -255,8 +258,7 @@ class HFRolloutServer:
         Raises ``KeyError`` for a name the model does not have and ``ValueError`` for a shape mismatch or
         parameters that were never sent.
         """
-        self._start_lock()
-        async with self._model_lock:
+        async with self._state.model_lock:
             copied = _copy_into(self.model, named_tensors)
             self._update.received |= set(named_tensors)
             if last:
@@ -268,10 +270,6 @@ class HFRolloutServer:
                 self.global_steps = global_steps
         return copied
 
-    def _start_lock(self) -> None:
-        if self._model_lock is None:
-            self._model_lock = asyncio.Lock()
-
     async def state_dict(self) -> dict[str, torch.Tensor]:
         """A copy of the served model's state dict (to check weight sync)."""
         return {name: tensor.detach().clone() for name, tensor in self.model.state_dict().items()}
@@ -280,25 +278,73 @@ class HFRolloutServer:
         """The sizes of the batches generated so far and the weights' ``global_steps``."""
         return {"batch_sizes": list(self.batch_sizes), "global_steps": self.global_steps}
 
-    # ---------------------------------------------------------------- control plane (nothing to free on CPU)
+    # ---------------------------------------------------------------- control plane
 
+    async def abort_all_requests(self, reject_request: bool = False) -> dict[str, Any]:
+        """Pause: answer waiting requests and stop the running batch (``aborted``, tokens so far kept), then
+        hold new requests until :meth:`resume_generation` (or answer them ``aborted`` if ``reject_request``)."""
+        self._paused, self._reject = True, reject_request
+        self._state.resumed.clear()
+        waiting, self._pending = self._pending, []
+        self._state.arrived.clear()
+        _answer(waiting, [(_ABORTED, self.global_steps)] * len(waiting))
+        self._aborting = True
+        try:
+            async with self._state.model_lock:  # the running batch, if any, has stopped
+                pass
+        finally:
+            self._aborting = False
+        return {"aborted_count": len(waiting), "request_ids": []}
+
+    async def resume_generation(self) -> None:
+        """Let held and new requests through again."""
+        self._paused, self._reject = False, False
+        self._state.resumed.set()
+
+    async def wait_for_requests_to_drain(self) -> None:
+        """Return once no request is waiting or running."""
+        while self._pending or self._state.model_lock.locked():
+            await asyncio.sleep(self.gather_window_s)
+
+    # nothing to free or restore on CPU: weights stay in host memory and the KV cache lives per batch
     async def wake_up(self) -> None: return None
     async def sleep(self) -> None: return None
-    async def resume_generation(self) -> None: return None
     async def clear_kv_cache(self) -> None: return None
     async def release_kv_cache(self) -> None: return None
     async def resume_kv_cache(self) -> None: return None
     async def start_profile(self, **kwargs: Any) -> None: return None
     async def stop_profile(self) -> None: return None
 
-    async def abort_all_requests(self, reject_request: bool = False) -> dict[str, Any]:
-        """Requests are never aborted: a running batch finishes (it is short on the models this serves)."""
-        return {"aborted_count": 0, "request_ids": []}
 
-    async def wait_for_requests_to_drain(self) -> None:
-        """Return once no request is waiting or running."""
-        while self._pending or (self._model_lock is not None and self._model_lock.locked()):
-            await asyncio.sleep(self.gather_window_s)
+_ABORTED = Completion(token_ids=[], log_probs=[], stopped_at_eos=False, aborted=True)
+
+
+@dataclass
+class _LoopState:
+    """What must be created on the server's event loop: arrivals, the resume gate, the model lock."""
+
+    arrived: asyncio.Event
+    resumed: asyncio.Event
+    model_lock: asyncio.Lock
+    batcher: Optional[asyncio.Task] = None
+
+
+def _answer(batch: list[_Pending], results: Union[BaseException, list[Any]]) -> None:
+    """Resolve each waiting future with its result (or all with the exception)."""
+    for index, pending in enumerate(batch):
+        if pending.future.done():
+            continue
+        if isinstance(results, BaseException):
+            pending.future.set_exception(results)
+        else:
+            pending.future.set_result(results[index])
+
+
+def _token_output(completion: Completion, global_steps: Optional[int], want_logprobs: bool) -> Any:
+    """verl's ``TokenOutput`` for a completion."""
+    return TokenOutput(token_ids=completion.token_ids, log_probs=completion.log_probs if want_logprobs else None,
+                       stop_reason="aborted" if completion.aborted else "completed", num_preempted=0,
+                       extra_fields={"global_steps": global_steps})
 
 
 def _copy_into(model: torch.nn.Module, named_tensors: dict[str, torch.Tensor]) -> int:
@@ -415,12 +461,3 @@ class HFRolloutAdapter(BaseRollout):
                 bucket, size = {}, 0
         if self.is_leader_rank:
             await self.server().load_weights.remote(bucket, steps, last=True)
-
-
-def register_hf_rollout() -> None:
-    """Register the ``hf`` rollout with verl: its replica class and its ``("hf", "async")`` adapter."""
-    from verl.workers.rollout import base as rollout_base
-    from verl.workers.rollout.replica import RolloutReplicaRegistry
-
-    rollout_base._ROLLOUT_REGISTRY[(ROLLOUT_NAME, "async")] = ADAPTER_PATH
-    RolloutReplicaRegistry.register(ROLLOUT_NAME, lambda: HFRolloutReplica)
