@@ -283,6 +283,17 @@ def test_resolve_max_tokens_follows_verls_vllm_server():
         rollout.resolve_max_tokens({}, 96, 64, 32, None)
 
 
+def test_sampling_params_the_rollout_cannot_apply_are_refused_or_reported(caplog):
+    config = OmegaConf.create({"prompt_length": 32, "response_length": 6})
+    with pytest.raises(NotImplementedError, match="repetition_penalty=1.2"):
+        rollout.to_sampling_request([5, 6], {"repetition_penalty": 1.2}, config)
+    with caplog.at_level(logging.WARNING, logger="verl_group_ppo.cpu"):
+        request = rollout.to_sampling_request([5, 6], {"temperature": 0.5, "repetition_penalty": 1.0,
+                                                       "presence_penalty_test_key": 0.3}, config)
+    assert request.temperature == 0.5 and request.max_tokens == 6
+    assert any("presence_penalty_test_key" in record.getMessage() for record in caplog.records)
+
+
 def _server(model, **config):
     settings = {"prompt_length": 32, "response_length": 6, "seed": 0, "max_num_seqs": 64, **config}
     return rollout.HFRolloutServer(OmegaConf.create(settings), None, model=model)
@@ -425,3 +436,29 @@ def test_adapter_weight_sync_after_an_actor_update_is_exact(local_ray, tmp_path)
     assert all(torch.equal(served[n], expected[n]) for n in expected)
     assert local_ray.get(server.stats.remote())["global_steps"] == 3
     local_ray.kill(server)
+
+
+@pytest.mark.slow
+def test_ray_object_store_checkpoint_engine_moves_weights_exactly(local_ray):
+    """separate_async's weight path on CPU: the actor's rank 0 publishes, a rollout worker receives the same
+    tensors for the same global_steps (a non-master sender publishes nothing)."""
+    from verl_group_ppo.cpu.checkpoint import RayObjectStoreCheckpointEngine
+
+    actor = cpu_utils.tiny_qwen2(seed=2)
+    sender = RayObjectStoreCheckpointEngine(bucket_size=20_000, is_master=True)
+    bystander = RayObjectStoreCheckpointEngine(bucket_size=20_000, is_master=False)
+    receiver = RayObjectStoreCheckpointEngine(bucket_size=20_000)
+
+    async def sync(steps):
+        async def receive():
+            return [(name, tensor) async for name, tensor in receiver.receive_weights(global_steps=steps)]
+
+        received = asyncio.ensure_future(receive())
+        await bystander.send_weights(iter(list(actor.named_parameters())), global_steps=steps)
+        await sender.send_weights(iter(list(actor.named_parameters())), global_steps=steps)
+        return await received
+
+    received = asyncio.run(sync(5))
+    expected = dict(actor.named_parameters())
+    assert [name for name, _ in received] == list(expected)
+    assert all(torch.equal(tensor, expected[name]) for name, tensor in received)

@@ -233,3 +233,17 @@ def test_rollout_config_fields(key):
     from verl.workers.config import RolloutConfig
 
     assert key in RolloutConfig.__dataclass_fields__, f"RolloutConfig.{key} is gone (rollout.py reads it)"
+
+
+def test_checkpoint_engine_interface_for_separate_async():
+    from verl.checkpoint_engine.base import CheckpointEngine, CheckpointEngineManager, CheckpointEngineWorker
+    from verl.trainer.ppo.v1 import trainer_separate_async
+
+    expected = {"prepare", "build_topology", "init_process_group", "finalize", "send_weights", "receive_weights"}
+    assert set(CheckpointEngine.__abstractmethods__) == expected, \
+        f"CheckpointEngine's abstract methods are now {sorted(CheckpointEngine.__abstractmethods__)} (checkpoint.py)"
+    assert "import_external_libs(self.config.custom_backend_module" in _source(CheckpointEngineManager.__init__)
+    assert "custom_backend_module" in _source(CheckpointEngineWorker.__init__), \
+        "rollout workers no longer import checkpoint_engine.custom_backend_module (the engine would not register)"
+    assert 'checkpoint_engine.backend != "naive"' in _source(trainer_separate_async), \
+        "separate_async no longer refuses the naive engine (ray_object_store may no longer be needed)"

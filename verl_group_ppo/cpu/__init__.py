@@ -10,6 +10,9 @@ which then installs, in that process:
 * the gloo backend-string fix (:mod:`~verl_group_ppo.cpu.distributed`);
 * a critic value-model loader that uses the configured attention (:mod:`~verl_group_ppo.cpu.valuehead`).
 
+For verl's ``separate_async`` trainer, :mod:`~verl_group_ppo.cpu.checkpoint` adds a checkpoint engine that
+moves weights through Ray's object store (selected by two overrides; see that module).
+
 Without ``VERL_PLATFORM=cpu`` it does nothing at all: no import beyond the standard library, no change
 to verl or to the environment. The backend is independent of the advantage estimator (gae, grpo,
 group_ppo, ...). The Hydra overrides a CPU run still needs (logical GPUs for Ray, sdpa attention,

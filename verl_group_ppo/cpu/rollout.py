@@ -70,9 +70,27 @@ def resolve_max_tokens(sampling_params: dict[str, Any], prompt_len: int, prompt_
     return max(1, min(int(requested), room))
 
 
+SUPPORTED_SAMPLING_KEYS = frozenset({"temperature", "top_p", "top_k", "max_tokens", "max_new_tokens",
+                                     "repetition_penalty"})
+_warned_keys: set[str] = set()
+
+
+def check_sampling_params(sampling_params: dict[str, Any]) -> None:
+    """Refuse a ``repetition_penalty`` other than 1 (``NotImplementedError``); log a WARNING, once per key,
+    for keys the hf rollout does not apply (it samples with temperature, top-p, top-k and a token budget)."""
+    penalty = sampling_params.get("repetition_penalty")
+    if penalty is not None and float(penalty) != 1.0:
+        raise NotImplementedError(f"the hf rollout has no repetition penalty (got repetition_penalty={penalty})")
+    for key in sorted(set(sampling_params) - SUPPORTED_SAMPLING_KEYS - _warned_keys):
+        _warned_keys.add(key)
+        logger.warning("hf rollout: sampling parameter %r=%r is not applied", key, sampling_params[key])
+
+
 def to_sampling_request(prompt_ids: Iterable[int], sampling_params: dict[str, Any], config: Any) -> SamplingRequest:
     """A :class:`SamplingRequest` from the agent loop's ``prompt_ids`` and ``sampling_params``
-    (``temperature``, ``top_p``, ``top_k``, optional ``max_tokens``) and the rollout config's lengths."""
+    (``temperature``, ``top_p``, ``top_k``, optional ``max_tokens``; see :func:`check_sampling_params`) and
+    the rollout config's lengths."""
+    check_sampling_params(sampling_params)
     prompt = tuple(int(token) for token in prompt_ids)
     max_tokens = resolve_max_tokens(sampling_params, len(prompt), int(_get(config, "prompt_length", 512)),
                                     int(_get(config, "response_length", 512)), _get(config, "max_model_len"))
@@ -105,7 +123,8 @@ def load_causal_lm(model_config: Any) -> Any:
 
 
 def eos_and_pad(model: Any) -> tuple[list[int], int]:
-    """(EOS token ids, pad token id) from the model's generation config, then its config."""
+    """(EOS token ids, pad token id) from the model's generation config, then its config (a response stops
+    at any of the EOS ids, as vLLM stops at the generation config's ``eos_token_id``)."""
     eos = model.generation_config.eos_token_id
     if eos is None:
         eos = model.config.eos_token_id
