@@ -172,8 +172,8 @@ class HFRolloutServer:
         model: an already-built causal LM to serve instead of loading ``model_config.path`` (tests).
     """
 
-    def __init__(self, config: Any, model_config: Any, replica_rank: int = 0, gather_window_s: float = 0.005,
-                 max_gather_s: float = 0.05, model: Any = None) -> None:
+    def __init__(self, config: Any, model_config: Any, replica_rank: int = 0, gather_window_s: float = 0.02,
+                 max_gather_s: float = 0.2, model: Any = None) -> None:
         self.config = config
         self.replica_rank = replica_rank
         self.model = model if model is not None else load_causal_lm(model_config)
