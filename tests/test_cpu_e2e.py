@@ -13,11 +13,11 @@ checks share as few runs as possible:
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
 import random
-import re
 import shutil
 import subprocess
 import sys
@@ -32,7 +32,17 @@ from verl_group_ppo.demo.tasks import make_task, split_problems
 REPO = Path(__file__).resolve().parents[1]
 LAUNCHER = REPO / "examples" / "cpu" / "common.sh"
 TINY = prep.PrepareSettings(warmstart_steps=150, n_train=2000, n_test=64)
-STEP_LINE = re.compile(r"step:(\d+) - (.*)$")
+
+
+def _load_summarize_log():
+    """examples/cpu/summarize_log.py (a script, not a package module): verl's console-metrics parser."""
+    spec = importlib.util.spec_from_file_location("verl_group_ppo_cpu_summarize_log", LAUNCHER.parent / "summarize_log.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+summarize_log = _load_summarize_log()
 
 
 # ---------------------------------------------------------------------------------------------- fast tests
@@ -144,6 +154,19 @@ def test_prepare_writes_outputs_and_skips_when_cached(tmp_path, monkeypatch):
                                                          n_test=8), log=lambda m: None)
 
 
+def test_summarize_log_reads_verl_console_metrics():
+    text = ("noise line\n(TaskRunnerV1 pid=1) step:1 - critic/score/mean:0.25 - timing_s/step:2.0 - "
+            "timing_s/adv:np.float64(0.5) - note:abc\nstep:2 - critic/score/mean:0.5 - timing_s/step:4.0 - "
+            "timing_s/adv:1.0\n")
+    steps = summarize_log.parse_step_metrics(text)
+    assert steps == {1: {"critic/score/mean": 0.25, "timing_s/step": 2.0, "timing_s/adv": 0.5},
+                     2: {"critic/score/mean": 0.5, "timing_s/step": 4.0, "timing_s/adv": 1.0}}
+    assert summarize_log.timing_breakdown(steps) == {"timing_s/adv": 1.0, "timing_s/step": 4.0}  # step 1 left out
+    assert summarize_log.reward_rise(steps, window=1) == (0.25, 0.5, 0.25)
+    with pytest.raises(ValueError, match="window"):
+        summarize_log.reward_rise(steps, window=3)
+
+
 # ---------------------------------------------------------------------------------------- end-to-end
 
 
@@ -168,25 +191,7 @@ def run_main_ppo(work_dir: Path, estimator: str, *overrides: str, timeout: int =
                           text=True, timeout=timeout)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, f"main_ppo ({estimator}) failed, rc={proc.returncode}:\n{output[-6000:]}"
-    return parse_step_metrics(output)
-
-
-def parse_step_metrics(output: str) -> dict[int, dict[str, float]]:
-    """``{step: {metric: value}}`` from verl's console logger lines ``step:N - key:value - ...``."""
-    steps: dict[int, dict[str, float]] = {}
-    for line in output.splitlines():
-        match = STEP_LINE.search(line)
-        if not match:
-            continue
-        metrics = {}
-        for item in match.group(2).split(" - "):
-            key, _, value = item.rpartition(":")
-            try:
-                metrics[key.strip()] = float(value)
-            except ValueError:
-                continue
-        steps[int(match.group(1))] = metrics
-    return steps
+    return summarize_log.parse_step_metrics(output)
 
 
 def assert_trained(steps: dict[int, dict[str, float]], expected_steps: list[int], critic: bool) -> None:

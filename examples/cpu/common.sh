@@ -16,6 +16,7 @@
 #             WORK_DIR/model and WORK_DIR/data/{train,test}.parquet there first (about 2-3 min)
 #   PYTHON    interpreter with verl and verl-group-ppo (default: the repository's .venv/bin/python
 #             when present, else python3)
+#   NICE      nice level of the run (default 5: the run yields to interactive work)
 #
 # Checkpoint: saved after the last step under WORK_DIR/checkpoints/ESTIMATOR/global_step_<N>/ (actor,
 # critic, and GROUP-PPO's threshold); resume with  trainer.resume_mode=auto trainer.total_training_steps=<M>.
