@@ -23,7 +23,10 @@ from .tokenizer import CharTokenizer
 
 
 def encode_prompt(tok: CharTokenizer, p: Problem) -> list[int]:
-    return [tok.bos_id] + tok.encode(p.prompt)
+    """The ids the policy is conditioned on: BOS + the prompt, or ``tok.encode_prompt(prompt)`` when the
+    tokenizer defines it (the chat-templated tokenizer of :mod:`verl_group_ppo.cpu.prepare`)."""
+    own = getattr(tok, "encode_prompt", None)
+    return own(p.prompt) if own is not None else [tok.bos_id] + tok.encode(p.prompt)
 
 
 def teacher_forced_batch(tok: CharTokenizer, problems: list[Problem], device, response_len: int,

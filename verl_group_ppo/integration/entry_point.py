@@ -14,6 +14,8 @@ verl module imported                 what is installed
 ``verl.trainer.ppo.v1``              our trainer module, which puts its classes into ``TRAINER_REGISTRY``
 ===================================  ================================================================================
 
+Plus, at once and only with ``VERL_PLATFORM=cpu``, the CPU backend (:mod:`verl_group_ppo.cpu`, docs/cpu.md).
+
 Every install is guarded: a failure is logged at ERROR and recorded (:mod:`~verl_group_ppo.integration.failures`),
 and ``group_ppo`` runs then stop with it. This module imports only the standard library and this
 package's hook and failure modules; the installs import the rest when they run.
@@ -79,6 +81,14 @@ INSTALLS = (
 """(verl module, what the install does (named in errors), install function)."""
 
 
+def install_cpu_backend() -> None:
+    """The CPU backend (:mod:`verl_group_ppo.cpu`), now: it does nothing at all unless ``VERL_PLATFORM=cpu``."""
+    importlib.import_module("verl_group_ppo.cpu").install_if_requested()
+
+
+CPU_BACKEND_STEP = "installing the CPU backend (VERL_PLATFORM=cpu)"
+
+
 def install() -> None:
     """Arrange every install (idempotent); runs when verl loads this module."""
     for module_name, step, function in INSTALLS:
@@ -86,6 +96,10 @@ def install() -> None:
             post_import_hooks.add(module_name, guarded(step, function))
         except Exception as exc:  # noqa: BLE001 - recorded and logged, never breaks verl's import
             record_failure(step, exc)
+    try:  # verl would hide an exception raised here; the backend logs and records its own failures loudly
+        install_cpu_backend()
+    except Exception as exc:  # noqa: BLE001
+        record_failure(CPU_BACKEND_STEP, exc)
 
 
 install()

@@ -1,0 +1,148 @@
+"""The CPU backend's ``hf`` rollout server vs one batched Hugging Face ``generate``, same model, same run.
+
+    .venv/bin/python benchmarks/bench_hf_rollout.py                   # 256 responses, 3 rounds
+    .venv/bin/python benchmarks/bench_hf_rollout.py --responses 64 --rounds 5 --layers 2
+
+Builds a small random Qwen2 causal LM (no download) and starts the rollout server as a Ray actor, as the
+``hf`` replica does. Per round, alternating which goes first:
+
+* rollout: ``--responses`` ``generate`` calls sent to the server concurrently (as verl's agent loop
+  sends them: one Ray call per response), timed until the last response is back;
+* baseline: the same prompts as one left-padded batch through ``model.generate`` in this process,
+  with the same sampling settings and the log-probs of the sampled tokens (``compute_transition_scores``).
+
+Both generate exactly ``--response-length`` tokens per response (EOS is ignored on both sides), one
+torch thread each. Prints the median times, the ratio rollout / baseline (target: at most 2) and the
+batch sizes the server formed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import statistics
+import tempfile
+import time
+from typing import Any
+
+import torch
+
+
+def build_model(directory: str, hidden: int, layers: int, vocab: int, seed: int) -> Any:
+    """Save a random Qwen2 causal LM (float32) to ``directory`` and return it."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
+                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=512, tie_word_embeddings=False, eos_token_id=1, pad_token_id=0)
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config).eval()
+    model.save_pretrained(directory)
+    return model
+
+
+def make_prompts(count: int, vocab: int, min_len: int, max_len: int, seed: int) -> list[list[int]]:
+    """``count`` random prompts of random lengths in [min_len, max_len] (token ids >= 2)."""
+    rng = random.Random(seed)
+    return [[rng.randrange(2, vocab) for _ in range(rng.randint(min_len, max_len))] for _ in range(count)]
+
+
+SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True}
+
+
+async def time_rollout(server: Any, prompts: list[list[int]]) -> float:
+    """Seconds until every prompt's response is back from concurrent ``generate`` calls."""
+    start = time.perf_counter()
+    outputs = await asyncio.gather(*[server.generate.remote(request_id=str(i), prompt_ids=p,
+                                                             sampling_params=dict(SAMPLING))
+                                     for i, p in enumerate(prompts)])
+    elapsed = time.perf_counter() - start
+    assert all(out.log_probs is not None and len(out.log_probs) == len(out.token_ids) for out in outputs)
+    return elapsed
+
+
+def time_hf_generate(model: Any, prompts: list[list[int]], response_length: int) -> float:
+    """Seconds for one left-padded batched ``generate`` of ``prompts``, log-probs of sampled tokens included."""
+    from verl_group_ppo.cpu.generation import left_pad
+
+    input_ids, attention_mask = left_pad(prompts, pad_id=0)
+    start = time.perf_counter()
+    with torch.no_grad():
+        out = model.generate(input_ids, attention_mask=attention_mask, do_sample=True, temperature=1.0, top_p=1.0,
+                             top_k=0, max_new_tokens=response_length, min_new_tokens=response_length,
+                             eos_token_id=None, pad_token_id=0, output_scores=True, return_dict_in_generate=True)
+        logprobs = model.compute_transition_scores(out.sequences, out.scores, normalize_logits=True)
+    elapsed = time.perf_counter() - start
+    assert logprobs.shape == (len(prompts), response_length)
+    return elapsed
+
+
+def start_server(model_dir: str, args: argparse.Namespace) -> Any:
+    """The rollout server as a Ray actor (as the ``hf`` replica starts it), its model loaded."""
+    import ray
+    from omegaconf import OmegaConf
+
+    from verl_group_ppo.cpu.rollout import HFRolloutServer
+
+    config = OmegaConf.create({"prompt_length": args.max_prompt_len, "response_length": args.response_length,
+                               "seed": 0, "max_num_seqs": max(256, args.responses), "ignore_eos": True})
+    model_config = OmegaConf.create({"path": model_dir, "override_config": {"attn_implementation": "sdpa"}})
+    server = ray.remote(HFRolloutServer).options(num_cpus=0, max_concurrency=1000).remote(
+        config=config, model_config=model_config)
+    ray.get(server.stats.remote())
+    return server
+
+
+async def run_rounds(server: Any, model: Any, prompts: list[list[int]], args: argparse.Namespace) -> dict[str, list]:
+    """Alternate rollout-first and baseline-first rounds after one warm-up of each."""
+    await time_rollout(server, prompts[:8])
+    time_hf_generate(model, prompts[:8], args.response_length)
+    times: dict[str, list] = {"rollout": [], "baseline": []}
+    for round_index in range(args.rounds):
+        order = ("rollout", "baseline") if round_index % 2 == 0 else ("baseline", "rollout")
+        for name in order:
+            if name == "rollout":
+                times[name].append(await time_rollout(server, prompts))
+            else:
+                times[name].append(time_hf_generate(model, prompts, args.response_length))
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--responses", type=int, default=256)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--response-length", type=int, default=32)
+    parser.add_argument("--min-prompt-len", type=int, default=16)
+    parser.add_argument("--max-prompt-len", type=int, default=48)
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--vocab", type=int, default=259)
+    args = parser.parse_args()
+
+    import ray
+
+    torch.set_num_threads(1)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}})
+    with tempfile.TemporaryDirectory() as model_dir:
+        model = build_model(model_dir, args.hidden, args.layers, args.vocab, seed=0)
+        prompts = make_prompts(args.responses, args.vocab, args.min_prompt_len, args.max_prompt_len, seed=1)
+        server = start_server(model_dir, args)
+        times = asyncio.run(run_rounds(server, model, prompts, args))
+        batches = ray.get(server.stats.remote())["batch_sizes"]
+    ray.shutdown()
+    rollout, baseline = statistics.median(times["rollout"]), statistics.median(times["baseline"])
+    print(f"model: Qwen2 hidden={args.hidden} layers={args.layers} vocab={args.vocab}; {args.responses} responses x "
+          f"{args.response_length} tokens, prompts {args.min_prompt_len}-{args.max_prompt_len} tokens; "
+          f"{args.rounds} rounds, one torch thread per side, cpu count {os.cpu_count()}")
+    print(f"rollout server (concurrent requests): median {rollout:.3f} s  {[round(t, 3) for t in times['rollout']]}")
+    print(f"one batched HF generate:              median {baseline:.3f} s  {[round(t, 3) for t in times['baseline']]}")
+    print(f"ratio rollout / generate: {rollout / baseline:.2f}  (target <= 2)")
+    print(f"server batch sizes (warm-up first): {batches}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# Shared launcher for the tiny CPU examples: verl's real `python -m verl.trainer.main_ppo` on a CPU-only
+# machine (no GPU, 2 cores are enough), with GROUP-PPO or its GAE / GRPO baselines.
+#
+#   bash examples/cpu/common.sh ESTIMATOR [extra Hydra overrides...]
+#
+#   ESTIMATOR  group_ppo | gae | grpo
+#
+# The run_tiny_*.sh scripts next to this file call it with a fixed ESTIMATOR. Extra arguments are
+# appended after every setting below, so they win (Hydra keeps the last value given for a key), e.g.
+#   trainer.total_training_steps=10   ++algorithm.group_params.critic_loss_on=all_tokens
+#
+# Environment:
+#   WORK_DIR  the tiny task's directory (default runs/cpu-tiny under the repository root); when
+#             WORK_DIR/model/prepare.json is missing, `python -m verl_group_ppo.cpu.prepare` builds
+#             WORK_DIR/model and WORK_DIR/data/{train,test}.parquet there first (about 2-3 min)
+#   PYTHON    interpreter with verl and verl-group-ppo (default: the repository's .venv/bin/python
+#             when present, else python3)
+#   NICE      nice level of the run (default 5: the run yields to interactive work)
+#
+# Checkpoint: saved after the last step under WORK_DIR/checkpoints/ESTIMATOR/global_step_<N>/ (actor,
+# critic, and GROUP-PPO's threshold); resume with  trainer.resume_mode=auto trainer.total_training_steps=<M>.
+# Prints verl's per-step metrics (critic/score/mean is the training reward, timing_s/* the step breakdown).
+#
+# The three estimators share every setting except these (and only because the estimator needs it):
+#   group_ppo  algorithm.adv_estimator=group_ppo, critic.enable=True (group_params at the package defaults)
+#   gae        algorithm.adv_estimator=gae, critic.enable=True
+#   grpo       algorithm.adv_estimator=grpo, critic.enable=False (GRPO has no critic)
+# None of them uses a KL term (no reference model), as in the CPU demo.
+set -euo pipefail
+
+usage() {
+  sed -n '2,30p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+  exit 2
+}
+[ $# -ge 1 ] || usage
+estimator=$1
+shift
+case "$estimator" in
+  group_ppo) specific=(algorithm.adv_estimator=group_ppo critic.enable=True) ;;
+  gae)       specific=(algorithm.adv_estimator=gae critic.enable=True) ;;
+  grpo)      specific=(algorithm.adv_estimator=grpo critic.enable=False) ;;
+  *) echo "common.sh: unknown ESTIMATOR '$estimator' (expected group_ppo, gae or grpo)" >&2; exit 2 ;;
+esac
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+WORK_DIR=${WORK_DIR:-$repo/runs/cpu-tiny}
+mkdir -p "$WORK_DIR"
+WORK_DIR=$(cd "$WORK_DIR" && pwd)
+if [ -z "${PYTHON:-}" ]; then
+  if [ -x "$repo/.venv/bin/python" ]; then PYTHON=$repo/.venv/bin/python; else PYTHON=python3; fi
+fi
+
+if [ ! -f "$WORK_DIR/model/prepare.json" ]; then
+  "$PYTHON" -m verl_group_ppo.cpu.prepare --output-dir "$WORK_DIR"
+fi
+
+# The one switch: verl-group-ppo's plugin installs its CPU backend (platform, hf rollout, ...) in the
+# driver and in every Ray worker when VERL_PLATFORM=cpu.
+export VERL_PLATFORM=cpu
+# One thread per process: the driver, the trainer workers and the rollout server share the cores.
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} MKL_NUM_THREADS=${MKL_NUM_THREADS:-1} TOKENIZERS_PARALLELISM=false
+export WANDB_MODE=${WANDB_MODE:-disabled} HYDRA_FULL_ERROR=1 RAY_DEDUP_LOGS=0
+
+# Per step: 32 prompts x 4 responses = 128 responses; one actor update per step, 4 critic updates.
+# Micro-batches (responses) must divide every mini-batch: 32 does for any batch of 8k prompts x 4.
+train_batch=32
+rollout_n=4
+micro_batch=32
+steps=60
+
+shared=(
+  data.train_files="$WORK_DIR/data/train.parquet"
+  data.val_files="$WORK_DIR/data/test.parquet"
+  data.train_batch_size=$train_batch
+  data.val_batch_size=64
+  data.max_prompt_length=32
+  data.max_response_length=24
+  data.dataloader_num_workers=0
+  algorithm.gamma=1.0
+  algorithm.lam=1.0
+  algorithm.use_kl_in_reward=False
+  reward.custom_reward_function.path=pkg://verl_group_ppo.cpu.reward
+  reward.custom_reward_function.name=compute_score
+  reward.num_workers=1
+  actor_rollout_ref.model.path="$WORK_DIR/model"
+  +actor_rollout_ref.model.override_config.attn_implementation=sdpa
+  actor_rollout_ref.model.use_remove_padding=False
+  actor_rollout_ref.model.enable_gradient_checkpointing=False
+  actor_rollout_ref.actor.strategy=fsdp2
+  actor_rollout_ref.actor.fsdp_config.dtype=float32
+  actor_rollout_ref.actor.use_torch_compile=False
+  actor_rollout_ref.actor.fsdp_config.use_torch_compile=False
+  actor_rollout_ref.actor.optim.lr=2e-4
+  actor_rollout_ref.actor.ppo_mini_batch_size=$train_batch
+  actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=$micro_batch
+  actor_rollout_ref.actor.entropy_coeff=0
+  actor_rollout_ref.actor.use_kl_loss=False
+  actor_rollout_ref.rollout.name=hf
+  actor_rollout_ref.rollout.n=$rollout_n
+  actor_rollout_ref.rollout.temperature=1.0
+  actor_rollout_ref.rollout.tensor_model_parallel_size=1
+  actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=$micro_batch
+  actor_rollout_ref.rollout.calculate_log_probs=True
+  actor_rollout_ref.rollout.agent.num_workers=1
+  critic.model.path="$WORK_DIR/model"
+  +critic.model.override_config.attn_implementation=sdpa
+  critic.model.use_remove_padding=False
+  critic.model.enable_gradient_checkpointing=False
+  critic.strategy=fsdp2
+  critic.fsdp.dtype=float32
+  critic.fsdp.use_torch_compile=False
+  critic.optim.lr=1e-3
+  critic.ppo_mini_batch_size=$((train_batch / 4))
+  critic.ppo_micro_batch_size_per_gpu=$micro_batch
+  trainer.critic_warmup=0
+  trainer.device=cpu
+  trainer.n_gpus_per_node=1
+  trainer.nnodes=1
+  trainer.logger=[console]
+  trainer.project_name=verl_group_ppo_cpu_tiny
+  trainer.experiment_name="tiny_$estimator"
+  trainer.total_epochs=100
+  trainer.total_training_steps=$steps
+  trainer.val_before_train=False
+  trainer.test_freq=-1
+  trainer.save_freq=1000000
+  trainer.resume_mode=disable
+  trainer.default_local_dir="$WORK_DIR/checkpoints/$estimator"
+  ray_kwargs.ray_init.num_cpus=8
+  ++ray_kwargs.ray_init.num_gpus=1
+  +ray_kwargs.ray_init.include_dashboard=False
+  transfer_queue.backend.SimpleStorage.num_data_storage_units=1
+)
+
+cd "$WORK_DIR"
+set -x
+exec nice -n "${NICE:-5}" "$PYTHON" -m verl.trainer.main_ppo "${shared[@]}" "${specific[@]}" "$@"

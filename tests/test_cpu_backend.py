@@ -1,0 +1,464 @@
+"""The CPU backend (``verl_group_ppo.cpu``): inert unless VERL_PLATFORM=cpu, then installed in the driver and
+in Ray workers; its platform, gloo fix and value-head loader; the ``hf`` rollout's batching, sampling,
+log-probs, EOS handling and exact weight sync. Models are tiny random Qwen2s built here (no downloads)."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import logging
+from types import SimpleNamespace
+
+import pytest
+import torch
+import verl_group_ppo_testutils_cpu as cpu_utils
+from omegaconf import OmegaConf
+
+from verl_group_ppo import cpu
+from verl_group_ppo.cpu import distributed, generation, platform, rollout, valuehead
+from verl_group_ppo.cpu.generation import SamplingRequest, generate_batch
+
+# ==================================================================================================
+# one switch: nothing without it, everything with it
+
+STATE_PROBE = r"""
+import json, os, sys
+env_before = dict(os.environ)
+import verl
+backend_modules = sorted(m for m in sys.modules if m.startswith("verl_group_ppo.cpu."))
+import torch.distributed, verl.utils.model
+from verl.plugin.platform import PlatformRegistry, get_platform
+from verl.workers.rollout.base import _ROLLOUT_REGISTRY
+from verl.workers.rollout.replica import RolloutReplicaRegistry
+import verl_group_ppo.cpu as cpu
+state = {
+    "plugin_loaded": "verl_group_ppo.integration.entry_point" in sys.modules,
+    "backend_modules": backend_modules,
+    "env_added": sorted(k for k in os.environ if k not in env_before and not k.startswith("RAY_")),
+    "cpu_platform_registered": "cpu" in PlatformRegistry.registered_names(),
+    "hf_adapter": _ROLLOUT_REGISTRY.get(("hf", "async")),
+    "hf_replica": "hf" in RolloutReplicaRegistry._registry,
+    "init_pg_patched": hasattr(torch.distributed.init_process_group, "verl_group_ppo_cpu_original"),
+    "valuehead_patched": hasattr(verl.utils.model.load_valuehead_model, "verl_group_ppo_cpu_original"),
+    "engine_device": os.environ.get("VERL_ENGINE_DEVICE"),
+    "installed": cpu.install_if_requested(),
+}
+if state["installed"]:
+    from verl.workers.engine.base import EngineRegistry
+    state["platform"] = type(get_platform()).__name__
+    state["engines"] = [EngineRegistry.get_engine_cls(kind, "fsdp2").__name__ for kind in ("language_model", "value_model")]
+print(json.dumps(state))
+"""
+
+
+@pytest.mark.slow
+def test_backend_is_inert_without_verl_platform_cpu():
+    """VERL_PLATFORM unset: importing verl loads our plugin, which imports no backend module and changes
+    neither verl, torch nor the environment."""
+    state = cpu_utils.run_python(STATE_PROBE, platform=None)
+    assert state["plugin_loaded"], "the verl-group-ppo plugin did not load; this test would prove nothing"
+    assert state["backend_modules"] == []
+    assert state["env_added"] == []
+    assert not state["cpu_platform_registered"]
+    assert state["hf_adapter"] is None and not state["hf_replica"]
+    assert not state["init_pg_patched"] and not state["valuehead_patched"]
+    assert state["engine_device"] is None
+    assert state["installed"] is False
+
+
+@pytest.mark.slow
+def test_backend_is_installed_by_import_verl_with_verl_platform_cpu():
+    """VERL_PLATFORM=cpu alone: ``import verl`` installs every part, and verl's engine lookup finds FSDP."""
+    state = cpu_utils.run_python(STATE_PROBE, platform="cpu")
+    assert state["installed"] is True
+    assert state["platform"] == "CPUPlatform"
+    assert state["hf_adapter"] == cpu.ADAPTER_PATH and state["hf_replica"]
+    assert state["init_pg_patched"] and state["valuehead_patched"]
+    assert state["engine_device"] == "cuda"
+    assert state["engines"] == ["FSDPEngineWithLMHead", "FSDPEngineWithValueHead"]
+
+
+def test_failed_install_is_logged_and_raised(monkeypatch, caplog):
+    def broken() -> None:
+        raise ImportError("no such thing")
+
+    monkeypatch.setenv("VERL_PLATFORM", "CPU ")
+    monkeypatch.setattr(cpu, "_installed", False)
+    monkeypatch.setattr(cpu, "_install", broken)
+    with caplog.at_level(logging.ERROR, logger="verl_group_ppo.cpu"):
+        with pytest.raises(cpu.CPUBackendError, match="no such thing"):
+            cpu.install_if_requested()
+    assert any("install failed" in record.getMessage() for record in caplog.records)
+
+
+@pytest.mark.slow
+def test_ray_workers_install_the_backend():
+    """Every Ray worker that imports verl runs the backend's install (not only the driver)."""
+    probe = r"""
+import json, os, ray
+import verl
+ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+
+@ray.remote(max_calls=1)
+def worker_state():
+    import os, verl, verl_group_ppo.cpu as cpu
+    from verl.plugin.platform import get_platform
+    from verl.workers.rollout.base import _ROLLOUT_REGISTRY
+    return {"pid": os.getpid(), "installed": cpu._installed, "platform": type(get_platform()).__name__,
+            "hf": ("hf", "async") in _ROLLOUT_REGISTRY, "engine_device": os.environ.get("VERL_ENGINE_DEVICE")}
+
+@ray.remote(max_calls=1)
+def rollout_module_first():
+    # what a Ray actor unpickling the rollout server does: its first verl import comes from our module
+    import sys
+    assert "verl" not in sys.modules
+    import verl_group_ppo.cpu.rollout, verl_group_ppo.cpu as cpu, verl_group_ppo.integration.failures as failures
+    return {"installed": cpu._installed, "errors": [step for step, _ in failures.install_errors()]}
+
+state = ray.get(worker_state.remote())
+state["driver_pid"] = os.getpid()
+state["rollout_first"] = ray.get(rollout_module_first.remote())
+ray.shutdown()
+print(json.dumps(state))
+"""
+    state = cpu_utils.run_python(probe, platform="cpu")
+    assert state["pid"] != state["driver_pid"]
+    assert state == {**state, "installed": True, "platform": "CPUPlatform", "hf": True, "engine_device": "cuda"}
+    assert state["rollout_first"] == {"installed": True, "errors": []}
+
+
+# ==================================================================================================
+# platform, gloo, value head
+
+
+def test_cpu_platform_answers():
+    p = platform.CPUPlatform()
+    assert (p.device_name, p.vendor_name, p.communication_backend_name()) == ("cpu", "cpu", "gloo")
+    assert p.ray_resource_name() == "GPU" and p.ray_resource_options(2) == {"num_gpus": 2}
+    assert p.current_device() == "cpu" and torch.zeros(1).to(device=p.current_device()).device.type == "cpu"
+    assert not p.is_platform_available(use_smi_check=True), "cpu must never be auto-detected"
+    module = p.device_module
+    available, total = module.mem_get_info()
+    assert 0 < available <= total
+    assert module.get_device_name() == "CPU" and module.max_memory_allocated() == 0
+    state = module.get_rng_state()
+    first = torch.rand(3)
+    module.set_rng_state(state)
+    assert torch.equal(torch.rand(3), first)
+    with pytest.raises(AttributeError, match="cudaHostAlloc"):
+        module.cudaHostAlloc  # noqa: B018 - a call verl never made must not be answered silently
+
+
+def test_register_cpu_platform_is_idempotent():
+    from verl.plugin.platform import PlatformRegistry
+
+    saved = dict(PlatformRegistry._platforms)
+    try:
+        platform.register_cpu_platform()
+        platform.register_cpu_platform()
+        assert PlatformRegistry.get("cpu") is platform.CPUPlatform
+    finally:
+        PlatformRegistry._platforms.clear()
+        PlatformRegistry._platforms.update(saved)
+
+
+@pytest.mark.parametrize("given, expected", [
+    ("cpu:gloo,cpu:gloo", "cpu:gloo"),
+    ("cpu:gloo,cuda:nccl", "cpu:gloo,cuda:nccl"),
+    ("gloo", "gloo"),
+    (None, None),
+])
+def test_dedupe_backend_string(given, expected):
+    assert distributed.dedupe_backend_string(given) == expected
+
+
+def test_dedupe_backend_string_refuses_two_backends_for_one_device():
+    with pytest.raises(ValueError, match="two backends for device 'cpu'"):
+        distributed.dedupe_backend_string("cpu:gloo,cpu:mpi")
+
+
+def test_patched_init_process_group_starts_gloo_from_verls_string(monkeypatch, tmp_path):
+    """verl's ``cpu:gloo,cpu:gloo`` starts a real one-rank gloo group through the patched function."""
+    monkeypatch.setattr(torch.distributed, "init_process_group", torch.distributed.init_process_group)
+    distributed.patch_init_process_group()
+    patched = torch.distributed.init_process_group
+    distributed.patch_init_process_group()
+    assert torch.distributed.init_process_group is patched, "a second patch must not wrap twice"
+    patched(backend="cpu:gloo,cpu:gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        total = torch.ones(2)
+        torch.distributed.all_reduce(total)
+        assert "gloo" in torch.distributed.get_backend() and total.tolist() == [1.0, 1.0]
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_valuehead_loader_uses_configured_attention(tmp_path, monkeypatch):
+    import verl.utils.model as verl_model
+    from transformers import AutoConfig
+
+    cpu_utils.save_tiny_qwen2(str(tmp_path))
+    monkeypatch.setattr(verl_model, "load_valuehead_model", verl_model.load_valuehead_model)
+    valuehead.patch_valuehead_loader()
+    config = AutoConfig.from_pretrained(str(tmp_path), attn_implementation="sdpa")
+    config.num_labels = 1
+    model = verl_model.load_valuehead_model(str(tmp_path), torch.float32, config, False)
+    assert type(model).__name__ == "Qwen2ForTokenClassification"
+    assert model.config._attn_implementation == "sdpa" and model.score.out_features == 1
+    flash = SimpleNamespace(_attn_implementation="flash_attention_2")
+    if importlib.util.find_spec("flash_attn") is None:
+        with pytest.raises(ValueError, match=r"override_config.attn_implementation=sdpa"):
+            verl_model.load_valuehead_model(str(tmp_path), torch.float32, flash, False)
+
+
+# ==================================================================================================
+# batched generation
+
+
+def _requests(lengths, max_tokens=8, temperature=0.0, **kwargs):
+    prompts = [[(7 * i + 3 * j) % (cpu_utils.VOCAB - 2) + 2 for j in range(n)] for i, n in enumerate(lengths)]
+    return [SamplingRequest(tuple(p), max_tokens=max_tokens, temperature=temperature, **kwargs) for p in prompts]
+
+
+def test_left_pad_and_positions():
+    ids, mask = generation.left_pad([[5, 6, 7], [8]], pad_id=0)
+    assert ids.tolist() == [[5, 6, 7], [0, 0, 8]] and mask.tolist() == [[1, 1, 1], [0, 0, 1]]
+    assert generation.position_ids_from_mask(mask).tolist() == [[0, 1, 2], [0, 0, 0]]
+
+
+def test_top_k_top_p_filter():
+    logits = torch.tensor([[3.0, 2.0, 1.0, 0.0]] * 3)
+    kept = generation.filter_top_k_top_p(logits, torch.tensor([1, -1, -1]), torch.tensor([1.0, 1.0, 0.5]))
+    assert torch.isfinite(kept).tolist() == [[True, False, False, False], [True] * 4, [True, False, False, False]]
+
+
+def test_batched_greedy_equals_each_request_alone_and_hf_generate():
+    """Left padding changes nothing: each row of a mixed-length batch matches its own unpadded run."""
+    model = cpu_utils.tiny_qwen2()
+    requests = _requests([3, 9, 5, 12])
+    batched = generate_batch(model, requests, eos_token_ids=[], pad_token_id=cpu_utils.PAD_ID)
+    for request, completion in zip(requests, batched):
+        alone = generate_batch(model, [request], eos_token_ids=[], pad_token_id=cpu_utils.PAD_ID)[0]
+        assert completion.token_ids == alone.token_ids
+        assert completion.log_probs == pytest.approx(alone.log_probs, abs=1e-5)
+    reference = model.generate(torch.tensor([requests[1].prompt_ids]), do_sample=False, max_new_tokens=8,
+                               min_new_tokens=8, pad_token_id=cpu_utils.PAD_ID)
+    assert batched[1].token_ids == reference[0, len(requests[1].prompt_ids):].tolist()
+
+
+def test_sampled_log_probs_are_those_of_the_sampling_distribution():
+    """Log-probs of sampled tokens (temperature 0.7) equal a teacher-forced recomputation of
+    log_softmax(logits / 0.7) at each response position."""
+    model = cpu_utils.tiny_qwen2()
+    requests = _requests([4, 7], max_tokens=6, temperature=0.7)
+    completions = generate_batch(model, requests, [], cpu_utils.PAD_ID, torch.Generator().manual_seed(3))
+    for request, completion in zip(requests, completions):
+        sequence = torch.tensor([list(request.prompt_ids) + completion.token_ids])
+        with torch.no_grad():
+            logits = model(sequence).logits[0, len(request.prompt_ids) - 1:-1] / 0.7
+        expected = logits.log_softmax(-1).gather(-1, torch.tensor(completion.token_ids)[:, None]).squeeze(-1)
+        assert completion.log_probs == pytest.approx(expected.tolist(), abs=1e-4)
+
+
+def test_each_request_stops_at_its_own_eos_and_budget():
+    model = cpu_utils.tiny_qwen2()
+    requests = _requests([3, 9, 5], max_tokens=10)
+    free = generate_batch(model, requests, [], cpu_utils.PAD_ID)
+    eos = free[0].token_ids[2]
+    stopped = generate_batch(model, requests, [eos], cpu_utils.PAD_ID)
+    for before, after in zip(free, stopped):
+        expected = before.token_ids[:before.token_ids.index(eos) + 1] if eos in before.token_ids else before.token_ids
+        assert after.token_ids == expected and after.stopped_at_eos == (eos in before.token_ids)
+    assert len(stopped[0].token_ids) <= 3 and stopped[0].stopped_at_eos
+    short = generate_batch(model, [requests[0], _requests([4], max_tokens=2)[0]], [], cpu_utils.PAD_ID)
+    assert [len(c.token_ids) for c in short] == [10, 2]
+
+
+def test_resolve_max_tokens_follows_verls_vllm_server():
+    assert rollout.resolve_max_tokens({}, prompt_len=40, prompt_length=64, response_length=32, max_model_len=None) == 32
+    assert rollout.resolve_max_tokens({}, prompt_len=80, prompt_length=64, response_length=32, max_model_len=None) == 16
+    assert rollout.resolve_max_tokens({"max_tokens": 5}, 10, 64, 32, None) == 5
+    assert rollout.resolve_max_tokens({"max_new_tokens": 50}, 10, 64, 32, max_model_len=20) == 10
+    with pytest.raises(ValueError, match="no room"):
+        rollout.resolve_max_tokens({}, 96, 64, 32, None)
+
+
+def test_sampling_params_the_rollout_cannot_apply_are_refused_or_reported(caplog):
+    config = OmegaConf.create({"prompt_length": 32, "response_length": 6})
+    with pytest.raises(NotImplementedError, match="repetition_penalty=1.2"):
+        rollout.to_sampling_request([5, 6], {"repetition_penalty": 1.2}, config)
+    with caplog.at_level(logging.WARNING, logger="verl_group_ppo.cpu"):
+        request = rollout.to_sampling_request([5, 6], {"temperature": 0.5, "repetition_penalty": 1.0,
+                                                       "presence_penalty_test_key": 0.3}, config)
+    assert request.temperature == 0.5 and request.max_tokens == 6
+    assert any("presence_penalty_test_key" in record.getMessage() for record in caplog.records)
+
+
+def _server(model, **config):
+    settings = {"prompt_length": 32, "response_length": 6, "seed": 0, "max_num_seqs": 64, **config}
+    return rollout.HFRolloutServer(OmegaConf.create(settings), None, model=model)
+
+
+def test_server_batches_concurrent_requests_into_one_generate():
+    model = cpu_utils.tiny_qwen2()
+    server = _server(model)
+    requests = _requests([3, 9, 5, 12, 4, 6], max_tokens=6)
+
+    async def send_all():
+        return await asyncio.gather(*[
+            server.generate(str(i), list(r.prompt_ids), {"temperature": 0, "top_p": 1.0, "top_k": -1,
+                                                         "logprobs": i % 2 == 0})
+            for i, r in enumerate(requests)])
+
+    outputs = asyncio.run(send_all())
+    assert server.batch_sizes == [6], "six concurrent requests must be generated as one batch"
+    alone = generate_batch(model, requests, [cpu_utils.EOS_ID], cpu_utils.PAD_ID)
+    for i, (out, expected) in enumerate(zip(outputs, alone)):
+        assert out.token_ids == expected.token_ids
+        assert (out.log_probs is None) == (i % 2 == 1)
+        assert out.stop_reason == "completed" and out.extra_fields == {"global_steps": None}
+
+
+class _SlowModel(torch.nn.Module):
+    """A causal LM whose every forward takes at least ``delay_s`` (so a batch is still running when aborted)."""
+
+    def __init__(self, model, delay_s: float):
+        super().__init__()
+        self.model, self.delay_s = model, delay_s
+        self.generation_config, self.config = model.generation_config, model.config
+
+    def forward(self, **kwargs):
+        import time
+
+        time.sleep(self.delay_s)
+        return self.model(**kwargs)
+
+
+def test_abort_stops_running_answers_waiting_and_holds_new_until_resume():
+    """verl's partial rollout: abort -> running rows return their tokens so far and waiting requests return
+    empty, both ``aborted``; a request sent while paused waits for resume_generation."""
+    model = cpu_utils.tiny_qwen2()
+    server = _server(_SlowModel(model, delay_s=0.01), response_length=40, ignore_eos=True)
+    prompts = [list(r.prompt_ids) for r in _requests([3, 6, 4])]
+    greedy = {"temperature": 0, "top_p": 1.0, "top_k": -1, "logprobs": True}
+
+    async def scenario():
+        running = [asyncio.create_task(server.generate(str(i), p, greedy)) for i, p in enumerate(prompts[:2])]
+        while not server.batch_sizes:
+            await asyncio.sleep(0.01)
+        waiting = asyncio.create_task(server.generate("w", prompts[2], greedy))
+        await asyncio.sleep(0.05)
+        report = await server.abort_all_requests()
+        held = asyncio.create_task(server.generate("h", prompts[2], greedy))
+        await asyncio.sleep(0.1)
+        held_before_resume = held.done()
+        await server.resume_generation()
+        return report, await asyncio.gather(*running), await waiting, held_before_resume, await held
+
+    report, running, waiting, held_before_resume, held = asyncio.run(scenario())
+    full = generate_batch(model, _requests([3, 6, 4], max_tokens=40), [], cpu_utils.PAD_ID)
+    assert report["aborted_count"] == 1 and waiting.stop_reason == "aborted" and waiting.token_ids == []
+    for out, reference in zip(running, full):
+        assert out.stop_reason == "aborted" and 0 < len(out.token_ids) < 40
+        assert out.token_ids == reference.token_ids[:len(out.token_ids)] and len(out.log_probs) == len(out.token_ids)
+    assert not held_before_resume
+    assert held.stop_reason == "completed" and held.token_ids == full[2].token_ids
+
+
+def test_server_weight_load_is_exact_and_complete():
+    server = _server(cpu_utils.tiny_qwen2(seed=0))
+    source = cpu_utils.tiny_qwen2(seed=1)
+    named = dict(source.named_parameters())
+    names = sorted(named)
+
+    async def sync(parts):
+        for i, part in enumerate(parts):
+            await server.load_weights({n: named[n].detach() for n in part}, global_steps=7, last=i == len(parts) - 1)
+
+    asyncio.run(sync([names[:5], names[5:]]))
+    target = server.model.state_dict()
+    assert all(torch.equal(target[n], named[n]) for n in names) and server.global_steps == 7
+    with pytest.raises(ValueError, match="sent no tensor"):
+        asyncio.run(sync([names[1:]]))
+    with pytest.raises(KeyError, match="does not have"):
+        asyncio.run(server.load_weights({"model.no_such.weight": torch.zeros(1)}))
+
+
+def test_tied_embeddings_count_as_synced_through_either_name():
+    model = cpu_utils.tiny_qwen2(tie_word_embeddings=True)
+    names = {n for n, _ in model.named_parameters(remove_duplicate=False)} - {"lm_head.weight"}
+    assert rollout._unsynced_parameters(model, names) == set()
+    assert rollout._unsynced_parameters(model, names - {"model.norm.weight"}) == {"model.norm.weight"}
+
+
+# ==================================================================================================
+# weight sync through Ray, as in a run
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    import ray
+
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    if started:
+        ray.shutdown()
+
+
+@pytest.mark.slow
+def test_adapter_weight_sync_after_an_actor_update_is_exact(local_ray, tmp_path):
+    """An actor takes an optimizer step; the adapter (as in the actor worker) sends its weights in several
+    buckets to the replica's named server actor; the server's weights then equal the actor's exactly."""
+    from verl.workers.config import RolloutConfig
+
+    actor = cpu_utils.save_tiny_qwen2(str(tmp_path))
+    model_config = OmegaConf.create({"path": str(tmp_path), "override_config": {"attn_implementation": "sdpa"}})
+    config = OmegaConf.create({"prompt_length": 32, "response_length": 4, "seed": 0, "max_num_seqs": 16})
+    server = local_ray.remote(rollout.HFRolloutServer).options(name=rollout.server_actor_name(0), num_cpus=0).remote(
+        config=config, model_config=model_config)
+    before = local_ray.get(server.state_dict.remote())
+    actor.train()
+    optimizer = torch.optim.AdamW(actor.parameters(), lr=1e-2)
+    tokens = torch.tensor([[2, 3, 4, 5, 6, 7]])
+    actor(tokens, labels=tokens).loss.backward()
+    optimizer.step()
+
+    adapter = rollout.HFRolloutAdapter(RolloutConfig(name="hf", tensor_model_parallel_size=1), None, None)
+    assert adapter.is_leader_rank and adapter.replica_rank == 0
+    adapter.bucket_bytes = 20_000  # several buckets
+    asyncio.run(adapter.update_weights(iter(list(actor.named_parameters())), global_steps=3))
+    served = local_ray.get(server.state_dict.remote())
+    expected = actor.state_dict()
+    assert any(not torch.equal(before[n], expected[n]) for n in expected), "the update changed nothing"
+    assert served.keys() == expected.keys()
+    assert all(torch.equal(served[n], expected[n]) for n in expected)
+    assert local_ray.get(server.stats.remote())["global_steps"] == 3
+    local_ray.kill(server)
+
+
+@pytest.mark.slow
+def test_ray_object_store_checkpoint_engine_moves_weights_exactly(local_ray):
+    """separate_async's weight path on CPU: the actor's rank 0 publishes, a rollout worker receives the same
+    tensors for the same global_steps (a non-master sender publishes nothing)."""
+    from verl_group_ppo.cpu.checkpoint import RayObjectStoreCheckpointEngine
+
+    actor = cpu_utils.tiny_qwen2(seed=2)
+    sender = RayObjectStoreCheckpointEngine(bucket_size=20_000, is_master=True)
+    bystander = RayObjectStoreCheckpointEngine(bucket_size=20_000, is_master=False)
+    receiver = RayObjectStoreCheckpointEngine(bucket_size=20_000)
+
+    async def sync(steps):
+        async def receive():
+            return [(name, tensor) async for name, tensor in receiver.receive_weights(global_steps=steps)]
+
+        received = asyncio.ensure_future(receive())
+        await bystander.send_weights(iter(list(actor.named_parameters())), global_steps=steps)
+        await sender.send_weights(iter(list(actor.named_parameters())), global_steps=steps)
+        return await received
+
+    received = asyncio.run(sync(5))
+    expected = dict(actor.named_parameters())
+    assert [name for name, _ in received] == list(expected)
+    assert all(torch.equal(tensor, expected[name]) for name, tensor in received)

@@ -1,0 +1,232 @@
+"""The tiny real task (``verl_group_ppo.cpu.prepare`` / ``.reward``) and verl's real ``main_ppo`` on CPU.
+
+Fast tests check the tokenizer, the verl rows, the reward and the cache. The ``slow`` tests run
+``examples/cpu/common.sh`` (the launcher behind ``examples/cpu/run_tiny_*.sh``: verl's
+``python -m verl.trainer.main_ppo`` with the CPU backend) for 2-3 steps each on a task built once per
+session with a short warm start. Each ``main_ppo`` start costs about 40 s of Ray / worker start-up, so the
+checks share as few runs as possible:
+
+* group_ppo, 2 steps, checkpoint at step 2 (sync trainer);
+* group_ppo resumed from it to step 3, ``critic_loss_on=all_tokens``: the threshold comes from the checkpoint;
+* gae, 2 steps; grpo, 2 steps.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import random
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from verl_group_ppo.cpu import prepare as prep
+from verl_group_ppo.cpu.reward import compute_score, data_source_for, task_for
+from verl_group_ppo.demo.tasks import make_task, split_problems
+
+REPO = Path(__file__).resolve().parents[1]
+LAUNCHER = REPO / "examples" / "cpu" / "common.sh"
+TINY = prep.PrepareSettings(warmstart_steps=150, n_train=2000, n_test=64)
+
+
+def _load_summarize_log():
+    """examples/cpu/summarize_log.py (a script, not a package module): verl's console-metrics parser."""
+    spec = importlib.util.spec_from_file_location("verl_group_ppo_cpu_summarize_log", LAUNCHER.parent / "summarize_log.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+summarize_log = _load_summarize_log()
+
+
+# ---------------------------------------------------------------------------------------------- fast tests
+
+
+@pytest.fixture(scope="module")
+def problems():
+    task = make_task("chain_sum")
+    train, test = split_problems(task, 300, 20)
+    return task, train, test
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory, problems):
+    _, train, _ = problems
+    hf, vocab, merges = prep.train_tokenizer(prep.tokenizer_texts(train), 300)
+    path = tmp_path_factory.mktemp("tok")
+    prep.save_tokenizer(hf, vocab, merges, str(path))
+    return path
+
+
+def test_tokenizer_loads_as_qwen2_with_chat_template(tokenizer_dir, problems):
+    from transformers import AutoTokenizer
+    from transformers.models.qwen2.tokenization_qwen2 import Qwen2Tokenizer
+
+    _, train, _ = problems
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    assert isinstance(tok, Qwen2Tokenizer)
+    assert len(tok.encode("\n", add_special_tokens=False)) == 1  # verl's continuous-token check
+    assert tok.eos_token == prep.IM_END and tok.pad_token == prep.PAD_TOKEN
+    ids = prep.ChatTokenizer(tok).encode_prompt(train[0].prompt)
+    text = tok.decode(ids)
+    assert text == f"<|im_start|>user\n{train[0].prompt}<|im_end|>\n<|im_start|>assistant\n"
+    solution_ids = tok.encode(train[0].solution, add_special_tokens=False)
+    assert tok.decode(solution_ids + [tok.eos_token_id], skip_special_tokens=True) == train[0].solution
+
+
+def test_vocab_and_merges_alone_rebuild_the_same_tokenizer(tokenizer_dir, tmp_path, problems):
+    """transformers may build a Qwen2Tokenizer from vocab.json + merges.txt: it must tokenize alike."""
+    from transformers import AutoTokenizer
+    from transformers.models.qwen2.tokenization_qwen2 import Qwen2Tokenizer
+
+    _, train, test = problems
+    full = AutoTokenizer.from_pretrained(tokenizer_dir)
+    for name in ("vocab.json", "merges.txt", "tokenizer_config.json"):
+        shutil.copy(tokenizer_dir / name, tmp_path / name)
+    rebuilt = AutoTokenizer.from_pretrained(tmp_path)
+    assert isinstance(rebuilt, Qwen2Tokenizer) and len(rebuilt) == len(full)
+    for p in train[:50] + test:
+        for text in (p.prompt, p.solution, "user\n" + p.prompt):
+            assert rebuilt.encode(text, add_special_tokens=False) == full.encode(text, add_special_tokens=False)
+
+
+def test_rows_are_in_verl_format_and_score_with_the_demo_verifier(problems):
+    task, train, _ = problems
+    rng = random.Random(0)
+    checked_wrong = 0
+    for i, p in enumerate(train[:60]):
+        row = prep.verl_row(p, task, "train", i)
+        assert row["data_source"] == data_source_for("chain_sum") == "verl_group_ppo/chain_sum"
+        assert row["prompt"] == [{"role": "user", "content": p.prompt}]
+        assert row["reward_model"] == {"style": "rule", "ground_truth": p.answer}
+        args = (row["data_source"], p.solution, row["reward_model"]["ground_truth"], dict(row["extra_info"]))
+        assert compute_score(*args) == 1.0
+        noisy = task.noisy_solution(p, rng, slip_prob=0.5)
+        expected = task.verify(noisy, p)
+        assert compute_score(row["data_source"], noisy, p.answer, dict(row["extra_info"])) == expected
+        checked_wrong += expected == 0.0
+    assert checked_wrong > 5  # the noisy solutions did exercise the 0 branch
+    assert compute_score(data_source_for("chain_sum"), train[0].solution + "1", train[0].answer,
+                         prep.verl_row(train[0], task, "train", 0)["extra_info"]) == 0.0
+
+
+def test_reward_rejects_foreign_rows():
+    with pytest.raises(ValueError, match="data_source"):
+        task_for("openai/gsm8k")
+    with pytest.raises(ValueError, match="extra_info"):
+        compute_score("verl_group_ppo/chain_sum", "3 #3", "3", {"prompt": "1+2="})
+    with pytest.raises(ValueError, match="task_name"):
+        data_source_for("nope")
+
+
+def test_settings_reject_bad_values():
+    with pytest.raises(ValueError, match="warmstart_steps"):
+        prep.PrepareSettings(warmstart_steps=-1)
+    with pytest.raises(ValueError, match="warmstart_batch_size"):
+        prep.PrepareSettings(n_train=10)
+
+
+def test_prepare_writes_outputs_and_skips_when_cached(tmp_path, monkeypatch):
+    import pandas as pd
+
+    settings = prep.PrepareSettings(warmstart_steps=2, warmstart_batch_size=8, n_train=100, n_test=8)
+    info = prep.prepare(str(tmp_path), settings, log=lambda m: None)
+    assert info["settings"]["warmstart_steps"] == 2 and 0.0 <= info["test_accuracy"]["sampled"] <= 1.0
+    train = pd.read_parquet(tmp_path / "data" / "train.parquet")
+    assert len(train) == 100 and set(train.columns) >= {"data_source", "prompt", "reward_model", "extra_info"}
+    assert len(pd.read_parquet(tmp_path / "data" / "test.parquet")) == 8
+    assert {"config.json", "model.safetensors", "vocab.json", "merges.txt", "tokenizer_config.json",
+            prep.KEY_FILE} <= set(os.listdir(tmp_path / "model"))
+
+    def fail(*args, **kwargs):
+        raise AssertionError("the warm start ran again although the outputs were cached")
+
+    monkeypatch.setattr(prep, "warm_start", fail)
+    assert prep.prepare(str(tmp_path), settings, log=lambda m: None) == info
+    with pytest.raises(AssertionError, match="ran again"):  # other settings: rebuilt
+        prep.prepare(str(tmp_path), prep.PrepareSettings(warmstart_steps=3, warmstart_batch_size=8, n_train=100,
+                                                         n_test=8), log=lambda m: None)
+
+
+def test_summarize_log_reads_verl_console_metrics():
+    text = ("noise line\n(TaskRunnerV1 pid=1) step:1 - critic/score/mean:0.25 - timing_s/step:2.0 - "
+            "timing_s/adv:np.float64(0.5) - note:abc\nstep:2 - critic/score/mean:0.5 - timing_s/step:4.0 - "
+            "timing_s/adv:1.0\n")
+    steps = summarize_log.parse_step_metrics(text)
+    assert steps == {1: {"critic/score/mean": 0.25, "timing_s/step": 2.0, "timing_s/adv": 0.5},
+                     2: {"critic/score/mean": 0.5, "timing_s/step": 4.0, "timing_s/adv": 1.0}}
+    assert summarize_log.timing_breakdown(steps) == {"timing_s/adv": 1.0, "timing_s/step": 4.0}  # step 1 left out
+    assert summarize_log.reward_rise(steps, window=1) == (0.25, 0.5, 0.25)
+    with pytest.raises(ValueError, match="window"):
+        summarize_log.reward_rise(steps, window=3)
+
+
+# ---------------------------------------------------------------------------------------- end-to-end
+
+
+@pytest.fixture(scope="session")
+def tiny_task(tmp_path_factory) -> Path:
+    """The tiny task, built once per session (a short warm start: the runs check plumbing, not learning)."""
+    path = tmp_path_factory.mktemp("cpu_tiny")
+    prep.prepare(str(path), TINY, log=lambda m: None)
+    return path
+
+
+# Small steps: 8 prompts x 4 responses; mini-batches follow the batch.
+SMALL = ["data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+         "critic.ppo_mini_batch_size=8", "trainer.total_training_steps=2"]
+
+
+def run_main_ppo(work_dir: Path, estimator: str, *overrides: str, timeout: int = 600) -> dict[int, dict[str, float]]:
+    """Run the CPU launcher; assert rc 0; return verl's console metrics per step."""
+    env = {**os.environ, "WORK_DIR": str(work_dir), "PYTHON": sys.executable,
+           "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
+    proc = subprocess.run(["bash", str(LAUNCHER), estimator, *SMALL, *overrides], env=env, capture_output=True,
+                          text=True, timeout=timeout)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"main_ppo ({estimator}) failed, rc={proc.returncode}:\n{output[-6000:]}"
+    return summarize_log.parse_step_metrics(output)
+
+
+def assert_trained(steps: dict[int, dict[str, float]], expected_steps: list[int], critic: bool) -> None:
+    assert sorted(steps) == expected_steps, f"steps logged: {sorted(steps)}"
+    for step, m in steps.items():
+        assert 0.0 <= m["critic/score/mean"] <= 1.0, (step, m.get("critic/score/mean"))
+        assert math.isfinite(m["actor/pg_loss"]) and m["timing_s/step"] > 0
+        assert ("critic/vf_loss" in m) == critic, (step, sorted(m))
+        if critic:
+            assert math.isfinite(m["critic/vf_loss"])
+
+
+@pytest.mark.slow
+def test_group_ppo_saves_at_step_2_and_resumes_to_step_3_with_its_threshold(tiny_task, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    common = [f"trainer.default_local_dir={ckpt}", "trainer.save_freq=2"]
+    first = run_main_ppo(tiny_task, "group_ppo", *common)
+    assert_trained(first, [1, 2], critic=True)
+    assert first[1]["group/threshold"] == pytest.approx(1.0)  # the configured tau_0
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
+    state = json.loads((ckpt / "global_step_2" / "group_ppo_state.json").read_text())
+    saved_tau = state["threshold_state"]["threshold"]
+    assert saved_tau != pytest.approx(1.0), "the adaptive threshold did not move: the resume check would be blind"
+
+    resumed = run_main_ppo(tiny_task, "group_ppo", *common, "trainer.resume_mode=auto",
+                           "trainer.total_training_steps=3", "++algorithm.group_params.critic_loss_on=all_tokens")
+    assert_trained(resumed, [3], critic=True)
+    assert resumed[3]["group/threshold"] == pytest.approx(saved_tau, rel=1e-6)
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "3"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("estimator", ["gae", "grpo"])
+def test_baselines_run_two_steps(tiny_task, tmp_path, estimator):
+    steps = run_main_ppo(tiny_task, estimator, f"trainer.default_local_dir={tmp_path / 'ckpt'}")
+    assert_trained(steps, [1, 2], critic=estimator == "gae")
+    assert not any(k.startswith("group/") for m in steps.values() for k in m)
+    assert (tmp_path / "ckpt" / "global_step_2").is_dir()  # the launcher saves at the last step

@@ -1,0 +1,106 @@
+"""A CPU backend for verl's ``python -m verl.trainer.main_ppo``, active only when ``VERL_PLATFORM=cpu``.
+
+One switch: ``VERL_PLATFORM=cpu`` in the environment of the launching process. verl-group-ppo's plugin
+(loaded by ``import verl`` in the driver and in every Ray worker) calls :func:`install_if_requested`,
+which then installs, in that process:
+
+* the ``cpu`` platform (:mod:`~verl_group_ppo.cpu.platform`), and ``VERL_ENGINE_DEVICE=cuda`` so that
+  verl's engine lookup picks its FSDP engines (FSDP2 runs over gloo on CPU);
+* the ``hf`` rollout (:mod:`~verl_group_ppo.cpu.rollout`): ``actor_rollout_ref.rollout.name=hf``;
+* the gloo backend-string fix (:mod:`~verl_group_ppo.cpu.distributed`);
+* a critic value-model loader that uses the configured attention (:mod:`~verl_group_ppo.cpu.valuehead`).
+
+For verl's ``separate_async`` trainer, :mod:`~verl_group_ppo.cpu.checkpoint` adds a checkpoint engine that
+moves weights through Ray's object store (selected by two overrides; see that module).
+
+Without ``VERL_PLATFORM=cpu`` it does nothing at all: no import beyond the standard library, no change
+to verl or to the environment. The backend is independent of the advantage estimator (gae, grpo,
+group_ppo, ...). The Hydra overrides a CPU run still needs (logical GPUs for Ray, sdpa attention,
+float32, ...) are listed in ``docs/cpu.md``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import sys
+
+PLATFORM_ENV = "VERL_PLATFORM"
+"""The environment variable verl reads to pick its platform; ``cpu`` turns this backend on."""
+
+ROLLOUT_NAME = "hf"
+"""The value of ``actor_rollout_ref.rollout.name`` that selects the CPU backend's rollout."""
+
+ROLLOUT_MODULE = "verl_group_ppo.cpu.rollout"
+ADAPTER_PATH = f"{ROLLOUT_MODULE}.HFRolloutAdapter"
+"""Where verl's ``get_rollout_class`` imports the rollout adapter from."""
+
+logger = logging.getLogger("verl_group_ppo.cpu")
+
+_installed = False
+
+
+class CPUBackendError(RuntimeError):
+    """``VERL_PLATFORM=cpu`` was requested but the CPU backend could not be installed."""
+
+
+def is_requested() -> bool:
+    """True when ``VERL_PLATFORM`` (case and surrounding spaces ignored, as verl does) is ``cpu``."""
+    return os.environ.get(PLATFORM_ENV, "").strip().lower() == "cpu"
+
+
+def install_if_requested() -> bool:
+    """Install the CPU backend in this process if ``VERL_PLATFORM=cpu``; return whether it is installed.
+
+    Idempotent. Raises :class:`CPUBackendError` (after logging it at ERROR) when the backend was requested
+    and an install step failed.
+    """
+    global _installed
+    if not is_requested():
+        return False
+    if _installed:
+        return True
+    try:
+        _install()
+    except Exception as exc:  # noqa: BLE001 - re-raised with the step that failed
+        logger.error("verl-group-ppo cpu backend: install failed (VERL_PLATFORM=cpu): %s: %s",
+                     type(exc).__name__, exc, exc_info=exc)
+        raise CPUBackendError(f"VERL_PLATFORM=cpu: the verl-group-ppo CPU backend failed to install: "
+                              f"{type(exc).__name__}: {exc}") from exc
+    _installed = True
+    return True
+
+
+def _install() -> None:
+    """Each install step, in the order verl needs them (the platform before anything resolves it)."""
+    from verl_group_ppo.cpu import distributed, platform, valuehead
+
+    platform.register_cpu_platform()
+    platform.check_active_platform()
+    platform.select_fsdp_engine()
+    distributed.patch_init_process_group()
+    valuehead.patch_valuehead_loader()
+    _register_hf_rollout()
+
+
+def _register_hf_rollout() -> None:
+    """Register the ``hf`` rollout with verl by name, without importing it (verl imports it when a run uses it;
+    a Ray actor that unpickles the rollout server imports it first, and verl's plugin load inside that import
+    must not need it)."""
+    from verl.workers.rollout import base as rollout_base
+    from verl.workers.rollout.replica import RolloutReplicaRegistry
+
+    rollout_base._ROLLOUT_REGISTRY[(ROLLOUT_NAME, "async")] = ADAPTER_PATH
+    RolloutReplicaRegistry.register(ROLLOUT_NAME, _load_hf_replica)
+
+
+def _load_hf_replica() -> type:
+    """The ``hf`` replica class (verl calls this when ``rollout.name=hf``)."""
+    return importlib.import_module(ROLLOUT_MODULE).HFRolloutReplica
+
+
+if is_requested() and "verl" not in sys.modules:
+    # A process whose first verl import would come from inside one of this package's modules: import verl now,
+    # so that its plugin load installs the backend before any module of the package starts executing.
+    import verl  # noqa: E402, F401

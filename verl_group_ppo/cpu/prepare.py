@@ -1,0 +1,290 @@
+"""Build the tiny real task for verl's ``main_ppo`` on CPU: a warm-started model and verl-format data.
+
+    python -m verl_group_ppo.cpu.prepare --output-dir DIR
+
+writes
+
+* ``DIR/model``: an HF Qwen2-architecture causal LM (the demo's ``tiny`` config) with a byte-level BPE
+  tokenizer (``vocab.json``, ``merges.txt``, ``tokenizer.json``; transformers loads it as ``Qwen2Tokenizer``)
+  trained locally on the task's text, a ChatML chat template, EOS ``<|im_end|>`` and pad ``<|endoftext|>``.
+  Its weights are the demo's supervised warm start (:func:`verl_group_ppo.demo.warmstart.train_warmstart`)
+  on chat-templated prompts: a noisy reasoner that solves some problems when sampled, so RL has room to rise;
+* ``DIR/data/train.parquet``, ``DIR/data/test.parquet``: verl's row format (``data_source``, ``prompt`` as
+  chat messages, ``ability``, ``reward_model.ground_truth``, ``extra_info``) for the demo's ``chain_sum``
+  task; verl scores them with :func:`verl_group_ppo.cpu.reward.compute_score` (the demo's exact verifier);
+* ``DIR/model/prepare.json``: the settings the model was built with and what the warm start measured.
+
+The task, the problem split and the warm start are the demo's own code (:mod:`verl_group_ppo.demo`). A
+second call with the same settings finds ``prepare.json`` and does nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Callable, Sequence
+
+from ..demo.tasks import Problem, Task, make_task, split_problems
+from .reward import data_source_for
+
+FORMAT_VERSION = 1
+PAD_TOKEN, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
+SPECIAL_TOKENS = (PAD_TOKEN, IM_START, IM_END)
+#: ChatML, the format of Qwen's instruct models: ``<|im_start|>user\n...<|im_end|>\n<|im_start|>assistant\n``
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+KEY_FILE = "prepare.json"
+
+
+@dataclass(frozen=True)
+class PrepareSettings:
+    """Everything the outputs depend on (the cache key). Warm-start batch, lr and slip are the demo's."""
+
+    task: str = "chain_sum"
+    model_size: str = "tiny"
+    warmstart_steps: int = 1500
+    warmstart_batch_size: int = 64
+    warmstart_lr: float = 2e-3
+    warmstart_slip_prob: float = 0.25
+    seed: int = 0
+    n_train: int = 20000
+    n_test: int = 256
+    response_length: int = 24
+    tokenizer_vocab_size: int = 320
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
+                raise ValueError(f"{f.name}: must be >= 0, got {value}")
+        if self.warmstart_batch_size > self.n_train:
+            raise ValueError(f"warmstart_batch_size: {self.warmstart_batch_size} exceeds n_train={self.n_train}")
+
+
+class ChatTokenizer:
+    """The HF tokenizer behind the interface the demo's warm start and evaluation use (see CharTokenizer):
+    prompts are encoded through the chat template, a response ends with EOS (``<|im_end|>``)."""
+
+    def __init__(self, hf_tokenizer: Any):
+        self.hf = hf_tokenizer
+        self.pad_id = hf_tokenizer.pad_token_id
+        self.eos_id = hf_tokenizer.eos_token_id
+        self.vocab_size = len(hf_tokenizer)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.hf.encode(text, add_special_tokens=False))
+
+    def encode_prompt(self, prompt: str) -> list[int]:
+        """Ids of the chat-templated prompt, exactly as verl's dataset builds them."""
+        return list(self.hf.apply_chat_template(chat_messages(prompt), add_generation_prompt=True,
+                                                tokenize=True, return_dict=False))
+
+    def decode(self, ids: Sequence[int], stop_at_eos: bool = True) -> str:
+        ids = [int(i) for i in ids]
+        if stop_at_eos and self.eos_id in ids:
+            ids = ids[: ids.index(self.eos_id)]
+        return self.hf.decode(ids, skip_special_tokens=True)
+
+    def to_str(self) -> str:
+        return self.hf.backend_tokenizer.to_str()
+
+
+def chat_messages(prompt: str) -> list[dict[str, str]]:
+    """The row's ``prompt`` column: one user message holding the task's prompt."""
+    return [{"role": "user", "content": prompt}]
+
+
+def tokenizer_texts(problems: Sequence[Problem]) -> list[str]:
+    """The text between special tokens of each chat-templated example (roles, prompts, solutions)."""
+    return [t for p in problems for t in ("user\n" + p.prompt, "\n", "assistant\n" + p.solution)]
+
+
+def train_tokenizer(texts: Sequence[str], vocab_size: int):
+    """A byte-level BPE trained on ``texts`` with Qwen2's normaliser and pre-tokeniser (so the tokenizer
+    transformers rebuilds from ``vocab.json`` + ``merges.txt`` is this one). Returns (Qwen2Tokenizer, vocab, merges)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX, Qwen2Tokenizer
+
+    bpe = Tokenizer(models.BPE(unk_token=None))
+    bpe.normalizer = normalizers.NFC()
+    bpe.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    bpe.train_from_iterator(texts, trainer)
+    model = json.loads(bpe.to_str())["model"]
+    vocab, merges = model["vocab"], [tuple(m) for m in model["merges"]]
+    hf = Qwen2Tokenizer(vocab=vocab, merges=merges, eos_token=IM_END, pad_token=PAD_TOKEN, unk_token=PAD_TOKEN,
+                        extra_special_tokens=[IM_START])
+    hf.chat_template = CHAT_TEMPLATE
+    return hf, vocab, merges
+
+
+def save_tokenizer(hf_tokenizer: Any, vocab: dict[str, int], merges: Sequence[tuple[str, str]], path: str) -> None:
+    """``save_pretrained`` plus ``vocab.json`` and ``merges.txt`` (the files a Qwen2Tokenizer is built from)."""
+    hf_tokenizer.save_pretrained(path)
+    with open(os.path.join(path, "vocab.json"), "w") as f:
+        json.dump(vocab, f, ensure_ascii=False)
+    with open(os.path.join(path, "merges.txt"), "w") as f:
+        f.write("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges))
+
+
+def verl_row(problem: Problem, task: Task, split: str, index: int) -> dict[str, Any]:
+    """One row in verl's RL dataset format; ``extra_info`` carries what the verifier needs."""
+    return {
+        "data_source": data_source_for(task.name),
+        "prompt": chat_messages(problem.prompt),
+        "ability": "arithmetic",
+        "reward_model": {"style": "rule", "ground_truth": problem.answer},
+        "extra_info": {"split": split, "index": index, "prompt": problem.prompt, "solution": problem.solution,
+                       "entry_json": json.dumps(problem.entry)},
+    }
+
+
+def write_split(problems: Sequence[Problem], task: Task, split: str, path: str) -> None:
+    import pandas as pd
+
+    pd.DataFrame([verl_row(p, task, split, i) for i, p in enumerate(problems)]).to_parquet(path)
+
+
+class PrintProgress:
+    """The progress object ``train_warmstart`` drives (``update``/``set_postfix``), printed every 10%."""
+
+    def __init__(self, total: int, log: Callable[[str], None]):
+        self.total, self.log, self.done, self.postfix, self.t0 = total, log, 0, "", time.time()
+
+    def update(self, n: int) -> None:
+        self.done += n
+        if self.done == self.total or self.done % max(1, self.total // 10) == 0:
+            self.log(f"[prepare] warm start step {self.done}/{self.total} {self.postfix} "
+                     f"({time.time() - self.t0:.0f} s)")
+
+    def set_postfix(self, **kwargs: Any) -> None:
+        self.postfix = " ".join(f"{k}={v}" for k, v in kwargs.items())
+
+
+def warm_start(settings: PrepareSettings, task: Task, tok: ChatTokenizer, train: list[Problem],
+               log: Callable[[str], None]):
+    """The demo's supervised warm start on chat-templated prompts. Returns (policy, final loss)."""
+    import torch
+
+    from ..demo.warmstart import train_warmstart
+
+    policy, losses = train_warmstart(
+        task, tok, train, settings.model_size, settings.warmstart_steps, settings.warmstart_batch_size,
+        settings.warmstart_lr, settings.seed, settings.response_length, torch.device("cpu"),
+        PrintProgress(settings.warmstart_steps, log), slip_prob=settings.warmstart_slip_prob)
+    return policy.eval(), (losses[-1] if losses else float("nan"))
+
+
+def sampled_accuracy(policy, task: Task, tok: ChatTokenizer, problems: list[Problem], response_length: int) -> dict:
+    """The demo's evaluation: mean verifier reward of 2 samples per prompt (temperature 1), and greedy."""
+    from ..demo.rl import evaluate
+
+    return {"sampled": evaluate(policy, task, tok, problems, response_length, greedy=False, samples=2),
+            "greedy": evaluate(policy, task, tok, problems, response_length, greedy=True)}
+
+
+def save_model(policy, tok: ChatTokenizer, vocab, merges, path: str) -> None:
+    from transformers import GenerationConfig
+
+    policy.save_pretrained(path)
+    GenerationConfig(eos_token_id=tok.eos_id, pad_token_id=tok.pad_id).save_pretrained(path)
+    save_tokenizer(tok.hf, vocab, merges, path)
+
+
+def is_prepared(output_dir: str, settings: PrepareSettings) -> bool:
+    """True when ``output_dir`` holds all outputs, built with ``settings`` by this format version."""
+    key_path = os.path.join(output_dir, "model", KEY_FILE)
+    data = [os.path.join(output_dir, "data", f"{s}.parquet") for s in ("train", "test")]
+    if not os.path.exists(key_path) or not all(os.path.exists(p) for p in data):
+        return False
+    with open(key_path) as f:
+        saved = json.load(f)
+    return saved.get("format_version") == FORMAT_VERSION and saved.get("settings") == asdict(settings)
+
+
+def prepare(output_dir: str, settings: PrepareSettings = PrepareSettings(), log: Callable[[str], None] = print,
+            force: bool = False) -> dict:
+    """Write ``output_dir/model`` and ``output_dir/data/{train,test}.parquet``; returns the key-file contents.
+
+    Skips all work when the outputs exist and were built with the same settings (unless ``force``).
+    """
+    key_path = os.path.join(output_dir, "model", KEY_FILE)
+    if not force and is_prepared(output_dir, settings):
+        log(f"[prepare] {output_dir} already holds the model and data for these settings; nothing to do")
+        with open(key_path) as f:
+            return json.load(f)
+    t0 = time.time()
+    task = make_task(settings.task)
+    train, test = split_problems(task, settings.n_train, settings.n_test, seed=1234 + settings.seed)
+    log(f"[prepare] {len(train)} train / {len(test)} test {task.name} problems ({time.time() - t0:.0f} s)")
+    hf, vocab, merges = train_tokenizer(tokenizer_texts(train), settings.tokenizer_vocab_size)
+    tok = ChatTokenizer(hf)
+    log(f"[prepare] byte-level BPE tokenizer: {tok.vocab_size} tokens; warm start of a {settings.model_size} "
+        f"Qwen2 model for {settings.warmstart_steps} steps")
+    policy, final_loss = warm_start(settings, task, tok, train, log)
+    accuracy = sampled_accuracy(policy, task, tok, test, settings.response_length)
+    log(f"[prepare] warm-started accuracy on the test set: sampled {accuracy['sampled']:.3f}, "
+        f"greedy {accuracy['greedy']:.3f}")
+    info = {"format_version": FORMAT_VERSION, "settings": asdict(settings), "final_loss": final_loss,
+            "test_accuracy": accuracy, "seconds": round(time.time() - t0, 1),
+            "num_parameters": sum(p.numel() for p in policy.parameters())}
+    write_outputs(output_dir, policy, tok, vocab, merges, task, train, test, info)
+    log(f"[prepare] wrote {output_dir}/model and {output_dir}/data/{{train,test}}.parquet ({info['seconds']} s)")
+    return info
+
+
+def write_outputs(output_dir: str, policy, tok: ChatTokenizer, vocab, merges, task: Task, train: list[Problem],
+                  test: list[Problem], info: dict) -> None:
+    """Write everything into temporary paths, then move them in place; the key file comes last."""
+    model_dir, data_dir = os.path.join(output_dir, "model"), os.path.join(output_dir, "data")
+    os.makedirs(data_dir, exist_ok=True)
+    tmp_model = model_dir + ".tmp"
+    shutil.rmtree(tmp_model, ignore_errors=True)
+    save_model(policy, tok, vocab, merges, tmp_model)
+    for split, problems in (("train", train), ("test", test)):
+        write_split(problems, task, split, os.path.join(data_dir, f"{split}.parquet.tmp"))
+        os.replace(os.path.join(data_dir, f"{split}.parquet.tmp"), os.path.join(data_dir, f"{split}.parquet"))
+    shutil.rmtree(model_dir, ignore_errors=True)
+    os.replace(tmp_model, model_dir)
+    with open(os.path.join(model_dir, KEY_FILE), "w") as f:
+        json.dump(info, f, indent=2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m verl_group_ppo.cpu.prepare", description=__doc__.split("\n\n")[0])
+    p.add_argument("--output-dir", required=True, help="where model/ and data/ are written")
+    defaults = PrepareSettings()
+    for f in fields(PrepareSettings):
+        p.add_argument("--" + f.name.replace("_", "-"), type=type(getattr(defaults, f.name)),
+                       default=getattr(defaults, f.name), help=f"(default: %(default)s)")
+    p.add_argument("--force", action="store_true", help="rebuild even when the outputs are up to date")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads (default 1: on a busy 2-core machine two threads ran 7x slower)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = vars(build_parser().parse_args(argv))
+    output_dir, force, threads = args.pop("output_dir"), args.pop("force"), args.pop("threads")
+    if threads < 1:
+        raise ValueError(f"--threads: must be >= 1, got {threads}")
+    import torch
+
+    torch.set_num_threads(threads)
+    prepare(os.path.abspath(output_dir), PrepareSettings(**args), log=lambda m: print(m, flush=True), force=force)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

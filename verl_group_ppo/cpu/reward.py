@@ -1,0 +1,61 @@
+"""The tiny task's reward, computed by verl through its own reward path.
+
+verl's reward loop calls ``compute_score(data_source, solution_str, ground_truth, extra_info)`` for every
+response when the run sets::
+
+    reward.custom_reward_function.path=pkg://verl_group_ppo.cpu.reward
+    reward.custom_reward_function.name=compute_score
+
+The score is the demo's exact verifier (:meth:`verl_group_ppo.demo.tasks.Task.verify`): 1.0 when the response
+is the correct running totals followed by ``#<answer>``, else 0.0. The task is named by the row's
+``data_source`` (``verl_group_ppo/chain_sum``); the problem is rebuilt from the row written by
+:mod:`verl_group_ppo.cpu.prepare` (``reward_model.ground_truth`` and ``extra_info``).
+
+One difference from the demo: verl hands over the decoded text only (special tokens skipped), so a response
+cut off at ``data.max_response_length`` without EOS is scored on its text; the demo scores it 0. A cut-off
+response almost never has the exact form, so the two agree in practice.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from typing import Any
+
+from ..demo.tasks import TASKS, Problem, Task, make_task
+
+DATA_SOURCE_PREFIX = "verl_group_ppo/"
+
+
+def data_source_for(task_name: str) -> str:
+    """The ``data_source`` written into a row of ``task_name`` (e.g. ``verl_group_ppo/chain_sum``)."""
+    if task_name not in TASKS:
+        raise ValueError(f"task_name: unknown task {task_name!r}; choose one of {sorted(TASKS)}")
+    return DATA_SOURCE_PREFIX + task_name
+
+
+@lru_cache(maxsize=None)
+def task_for(data_source: str) -> Task:
+    """The demo task a ``data_source`` names; ValueError for any other data source."""
+    name = data_source[len(DATA_SOURCE_PREFIX):] if data_source.startswith(DATA_SOURCE_PREFIX) else None
+    if name not in TASKS:
+        raise ValueError(f"data_source: {data_source!r} is not a task of verl_group_ppo; expected one of "
+                         f"{sorted(DATA_SOURCE_PREFIX + t for t in TASKS)}")
+    return make_task(name)
+
+
+def problem_from_row(ground_truth: str, extra_info: dict[str, Any]) -> Problem:
+    """Rebuild the demo ``Problem`` from a row's ``reward_model.ground_truth`` and ``extra_info``."""
+    missing = [k for k in ("prompt", "solution", "entry_json") if k not in extra_info]
+    if missing:
+        raise ValueError(f"extra_info: missing {missing} (rows are written by verl_group_ppo.cpu.prepare)")
+    return Problem(prompt=extra_info["prompt"], answer=str(ground_truth), solution=extra_info["solution"],
+                   entry=json.loads(extra_info["entry_json"]))
+
+
+def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None,
+                  **kwargs: Any) -> float:
+    """verl's custom reward function: the demo's exact verifier, 1.0 or 0.0."""
+    if extra_info is None:
+        raise ValueError("extra_info: verl passed none; the tiny task's rows carry the problem there")
+    return float(task_for(data_source).verify(solution_str, problem_from_row(ground_truth, extra_info)))
