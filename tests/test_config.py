@@ -1,4 +1,4 @@
-"""GroupParams: defaults from the spec, construction from dicts and OmegaConf, validation naming the key."""
+"""GroupParams: the documented defaults (docs/configuration.md), construction from dicts and OmegaConf, validation naming the key."""
 
 from __future__ import annotations
 

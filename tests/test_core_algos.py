@@ -1,4 +1,4 @@
-"""GROUP-PPO core: fast implementation vs the loop reference, the spec's properties, verl equalities, errors."""
+"""GROUP-PPO core: fast implementation vs the loop reference, the properties of docs/algorithm.md, verl equalities, errors."""
 
 from __future__ import annotations
 
@@ -138,7 +138,7 @@ def test_fast_equals_loop_reference(case):
 
 
 # --------------------------------------------------------------------------------------------------
-# numbered properties of the spec
+# the numbered properties (docs/algorithm.md and the reference definition it cites)
 
 
 @pytest.mark.parametrize("mask_kind", ["prefix", "holes", "random"])

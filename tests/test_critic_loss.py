@@ -1,4 +1,4 @@
-"""The GROUP-PPO critic loss (spec Step 7) through verl's own critic data path, and its edge cases."""
+"""The GROUP-PPO critic loss (docs/algorithm.md, step 7) through verl's own critic data path, and its edge cases."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ critic targets are computed, whether there is a critic and how its loss is taken
 labelled and coloured in the outputs.
 
 * ``group_ppo``            - ours: ``compute_group_ppo_outputs`` with the adaptive threshold; the critic is
-                             trained at group boundaries only (spec Step 7).
+                             trained at group boundaries only (docs/algorithm.md, step 7).
 * ``group_ppo_all_tokens`` - the same with ``critic_loss_on: all_tokens``.
 * ``gae``                  - PPO: verl's ``compute_gae_advantage_return`` with ``lam``.
 * ``gae_decoupled``        - PPO with decoupled-lambda GAE: verl's GAE with ``policy_lam`` for the
@@ -24,7 +24,7 @@ import torch
 # critic-loss modes
 NO_CRITIC = None
 ALL_TOKENS = "all_tokens"  # verl's value loss, unchanged, on every response token
-BOUNDARIES = "boundaries"  # verl's value loss with GROUP-PPO's boundary weights (spec Step 7)
+BOUNDARIES = "boundaries"  # verl's value loss with GROUP-PPO's boundary weights (docs/algorithm.md, step 7)
 
 
 @dataclass

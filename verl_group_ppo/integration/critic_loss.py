@@ -1,4 +1,4 @@
-"""The GROUP-PPO critic loss (spec Step 7) in verl's loss-function convention.
+"""The GROUP-PPO critic loss (docs/algorithm.md, step 7) in verl's loss-function convention.
 
 verl's critic worker group calls ``loss_fn(model_output, data=micro_batch)`` with one micro-batch at a
 time; the trainer installs it with ``critic_wg.set_loss_fn`` (see :mod:`verl_group_ppo.integration.trainer`).
@@ -53,7 +53,7 @@ class BoundaryLossConfig:
 
 
 def boundary_loss_weights(critic_mask: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
-    """Spec Step 7's per-position critic-loss weights, counted the way verl's token-mean divides.
+    """Step 7's (docs/algorithm.md) per-position critic-loss weights, counted the way verl's token-mean divides.
 
     N / N_boundary at each boundary position (``critic_mask`` 1), 0 elsewhere, as float32, where N is the
     ``loss_mask`` count of the whole batch: verl's engines divide the summed loss by the ``loss_mask``
@@ -89,7 +89,7 @@ def make_critic_loss_fn(critic_config: Any, critic_loss_on: str) -> Callable[...
 
 
 def boundary_value_loss(config: Any, model_output: dict, data: TensorDict, dp_group=None):
-    """verl's clipped value loss at the boundary positions, weighted per spec Step 7.
+    """verl's clipped value loss at the boundary positions, weighted per docs/algorithm.md, step 7.
 
     Args:
         config: a :class:`BoundaryLossConfig` (or verl's ``CriticConfig``): ``cliprange_value`` and
