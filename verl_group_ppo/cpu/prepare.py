@@ -44,14 +44,16 @@ KEY_FILE = "prepare.json"
 
 @dataclass(frozen=True)
 class PrepareSettings:
-    """Everything the outputs depend on (the cache key). Warm-start batch, lr and slip are the demo's."""
+    """Everything the outputs depend on (the cache key). Warm-start batch and lr are the demo's; the slip
+    probability is lower than the demo's 0.25 (0.1: sampled accuracy 0.21, greedy 0.93 after 2000 steps,
+    measured), so that a few dozen verl steps on 2 cores show the reward rise (docs/cpu.md)."""
 
     task: str = "chain_sum"
     model_size: str = "tiny"
-    warmstart_steps: int = 1500
+    warmstart_steps: int = 2000
     warmstart_batch_size: int = 64
     warmstart_lr: float = 2e-3
-    warmstart_slip_prob: float = 0.25
+    warmstart_slip_prob: float = 0.1
     seed: int = 0
     n_train: int = 20000
     n_test: int = 256
