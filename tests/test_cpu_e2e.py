@@ -206,10 +206,11 @@ def assert_trained(steps: dict[int, dict[str, float]], expected_steps: list[int]
 
 @pytest.mark.slow
 def test_group_ppo_saves_at_step_2_and_resumes_to_step_3_with_its_threshold(tiny_task, tmp_path):
-    ckpt = tmp_path / "ckpt"
+    ckpt, rollouts = tmp_path / "ckpt", tmp_path / "rollouts"
     common = [f"trainer.default_local_dir={ckpt}", "trainer.save_freq=2"]
-    first = run_main_ppo(tiny_task, "group_ppo", *common)
+    first = run_main_ppo(tiny_task, "group_ppo", *common, f"trainer.rollout_data_dir={rollouts}")
     assert_trained(first, [1, 2], critic=True)
+    _assert_groups_dump_renders(rollouts, tmp_path / "groups.html")
     assert first[1]["group/threshold"] == pytest.approx(1.0)  # the configured tau_0
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
     state = json.loads((ckpt / "global_step_2" / "group_ppo_state.json").read_text())
@@ -221,6 +222,19 @@ def test_group_ppo_saves_at_step_2_and_resumes_to_step_3_with_its_threshold(tiny
     assert_trained(resumed, [3], critic=True)
     assert resumed[3]["group/threshold"] == pytest.approx(saved_tau, rel=1e-6)
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "3"
+
+
+def _assert_groups_dump_renders(rollouts: Path, html: Path) -> None:
+    """A real run's {step}.groups.jsonl beside verl's {step}.jsonl, rendered by python -m verl_group_ppo.viz."""
+    from verl_group_ppo.viz import render_dump
+
+    for step in (1, 2):
+        assert (rollouts / f"{step}.jsonl").is_file() and (rollouts / f"{step}.groups.jsonl").is_file(), step
+        first = json.loads((rollouts / f"{step}.groups.jsonl").read_text().splitlines()[0])
+        assert len(first["tokens"]) == len(first["group_ids"]) == len(first["advantages"]) == len(first["endpoints"])
+        assert first["group_ids"][0] == 1 and first["endpoints"][-1] == 1
+    assert render_dump(str(rollouts), str(html), steps="all") == [1, 2]
+    assert "<html" in html.read_text().lower()
 
 
 @pytest.mark.slow

@@ -67,7 +67,7 @@ export WANDB_MODE=${WANDB_MODE:-disabled} HYDRA_FULL_ERROR=1 RAY_DEDUP_LOGS=0
 train_batch=32
 rollout_n=4
 micro_batch=32
-steps=60
+steps=40
 
 shared=(
   data.train_files="$WORK_DIR/data/train.parquet"
