@@ -48,7 +48,8 @@ class ProbeOptions:
     samples: int = option(4, "responses per prompt")
     mc: int = option(8, "Monte Carlo completions per prefix")
     seed: int = option(0, "seed of the run and of the sampling")
-    warmstart_steps: int = option(2000, "supervised warm-start steps (cached, as the demo's)")
+    warmstart_steps: Optional[int] = option(None, "supervised warm-start steps (None: the demo's default; cached)",
+                                            type=int)
     threads: Optional[int] = option(None, "torch threads (None: torch's default)", type=int)
 
 
@@ -224,8 +225,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         torch.set_num_threads(opts.threads)
     os.makedirs(opts.output_dir, exist_ok=True)
     os.makedirs(opts.demo_dir, exist_ok=True)
-    demo = DemoOptions(output_dir=opts.demo_dir, task=opts.task, terms=opts.terms,
-                       warmstart_steps=opts.warmstart_steps, no_progress=True)
+    given_steps = {} if opts.warmstart_steps is None else {"warmstart_steps": opts.warmstart_steps}
+    demo = DemoOptions(output_dir=opts.demo_dir, task=opts.task, terms=opts.terms, no_progress=True, **given_steps)
     t0 = time.time()
     setup = setup_demo(demo, RunConfig(steps=opts.critic_steps + opts.rl_steps), "cpu", log=print)
     result = run_checkpoints(setup, opts, log=print)

@@ -148,9 +148,9 @@ def estimator_advantages(config: EstimatorConfig, rewards: torch.Tensor, mask: t
 
 
 def _grpo_unnormalised(rewards: torch.Tensor, mask: torch.Tensor, index: np.ndarray) -> torch.Tensor:
-    """Each response's reward minus the mean reward of its prompt's responses, broadcast to its tokens."""
-    score = rewards.sum(-1)
-    _, ids = np.unique(index, return_inverse=True)
-    ids_t = torch.as_tensor(ids.reshape(-1))
-    mean = torch.zeros(int(ids_t.max()) + 1).index_add_(0, ids_t, score) / torch.bincount(ids_t).float()
-    return (score - mean[ids_t])[:, None] * mask
+    """Each response's reward minus the mean reward of its prompt's responses, broadcast to its tokens
+    (verl's GRPO without the std scaling)."""
+    from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
+
+    advantages, _ = compute_grpo_outcome_advantage(rewards, mask, index, norm_adv_by_std_in_grpo=False)
+    return advantages * mask
