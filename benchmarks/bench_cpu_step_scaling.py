@@ -1,0 +1,104 @@
+"""Step time of verl's real ``main_ppo`` on CPU against responses per step, through our tiny launchers.
+
+    python benchmarks/bench_cpu_step_scaling.py --work-dir runs/cpu-tiny \
+        --estimators group_ppo,gae --prompts 16,32,64 --steps 6
+
+For every (estimator, prompts per step) pair it runs ``examples/cpu/common.sh ESTIMATOR`` for ``--steps``
+steps with ``data.train_batch_size=P`` (x 4 responses), one actor mini-batch of the whole batch and four
+critic mini-batches (the launcher's own shape), saves the console log under ``--log-dir`` and prints a
+markdown table of verl's ``timing_s/*`` means over the steps after the first, with each row's step time
+as a ratio to the first row of the same estimator (measured in the same invocation: these machines are
+noisy, so only ratios within one run are compared). ``WORK_DIR`` must hold a prepared tiny task, or the
+first run prepares it (a few minutes, not timed in the table).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PHASES = ("step", "gen", "old_log_prob", "values", "adv", "update_critic", "update_actor")
+
+
+def _summarize_module():
+    """``examples/cpu/summarize_log.py`` as a module (the one log parser)."""
+    spec = importlib.util.spec_from_file_location("summarize_log", REPO / "examples/cpu/summarize_log.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _int_list(text: str, name: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise SystemExit(f"{name}: expected a comma list of integers, got {text!r}") from None
+    if not values or any(v <= 0 or v % 4 for v in values):
+        raise SystemExit(f"{name}: every value must be a positive multiple of 4, got {text!r}")
+    return values
+
+
+def run_one(estimator: str, prompts: int, steps: int, work_dir: Path, log_path: Path) -> float:
+    """Run the launcher once; returns its wall time in seconds. Raises on a failed run."""
+    overrides = [
+        f"trainer.total_training_steps={steps}",
+        f"data.train_batch_size={prompts}",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={prompts}",
+        f"critic.ppo_mini_batch_size={prompts // 4}",
+        # the critic's mini-batch is prompts responses; its micro-batch must divide it
+        f"critic.ppo_micro_batch_size_per_gpu={min(32, prompts)}",
+        f"trainer.experiment_name=scaling_{estimator}_{prompts}",
+        f"trainer.default_local_dir={work_dir}/checkpoints/scaling_{estimator}_{prompts}",
+    ]
+    env = dict(os.environ, WORK_DIR=str(work_dir))
+    start = time.perf_counter()
+    with open(log_path, "w") as log:
+        proc = subprocess.run(["bash", str(REPO / "examples/cpu/common.sh"), estimator, *overrides],
+                              stdout=log, stderr=subprocess.STDOUT, env=env)
+    if proc.returncode:
+        raise SystemExit(f"{estimator} with {prompts} prompts failed (exit {proc.returncode}); see {log_path}")
+    return time.perf_counter() - start
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--work-dir", type=Path, default=REPO / "runs/cpu-tiny", help="prepared tiny task")
+    parser.add_argument("--log-dir", type=Path, default=REPO / "runs/bench-cpu-scaling", help="where logs go")
+    parser.add_argument("--estimators", default="group_ppo", help="comma list of group_ppo, gae, grpo")
+    parser.add_argument("--prompts", default="16,32,64", help="prompts per step (x 4 responses), comma list")
+    parser.add_argument("--steps", type=int, default=6, help="steps per run (the first is not averaged)")
+    args = parser.parse_args(argv)
+    if args.steps < 2:
+        raise SystemExit(f"--steps: need at least 2 (the first step is excluded), got {args.steps}")
+    prompts_list = _int_list(args.prompts, "--prompts")
+    summarize = _summarize_module()
+    args.log_dir.mkdir(parents=True, exist_ok=True)
+
+    header = "| estimator | responses/step | " + " | ".join(PHASES) + " | step / first row | run wall s |"
+    rows = [header, "|" + "---|" * (len(PHASES) + 4)]
+    for estimator in [e for e in args.estimators.split(",") if e]:
+        first_step = None
+        for prompts in prompts_list:
+            log_path = args.log_dir / f"{estimator}_{prompts}.log"
+            print(f"[scaling] {estimator}: {prompts} prompts x 4, {args.steps} steps -> {log_path}", flush=True)
+            wall = run_one(estimator, prompts, args.steps, args.work_dir.resolve(), log_path)
+            timing = summarize.timing_breakdown(summarize.parse_step_metrics(log_path.read_text(errors="replace")))
+            cells = [timing.get(f"timing_s/{p}", float("nan")) for p in PHASES]
+            first_step = first_step or cells[0]
+            rows.append(f"| {estimator} | {4 * prompts} | " + " | ".join(f"{c:.2f}" for c in cells)
+                        + f" | {cells[0] / first_step:.2f} | {wall:.0f} |")
+            print(rows[-1], flush=True)
+    table = "\n".join(rows)
+    (args.log_dir / "scaling.md").write_text(table + "\n")
+    print("\n" + table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
