@@ -378,8 +378,24 @@ def test_summary_reports_per_seed_areas_and_paired_differences(tmp_path):
     assert one == {"seeds": [0], "mean": 0.25, "se": None, "per_seed": [0.25]}
     meta = {"task": "chain_sum", "seeds": [0, 1, 2], "eval_size": 256, "final_eval_size": 1024, "eval_samples": 2}
     text = report.write_summary_md(str(tmp_path / "summary.md"), runs, meta)
-    assert "| GROUP-PPO - PPO (GAE) | 0.100 +- 0.058 |" in text
+    assert "| GROUP-PPO - PPO (GAE) | 0.100 +- 0.058 |" in text and "| level / level |" in text
     assert "2048 samples" in text and "curve area" in text.lower()
     report.write_results_json(str(tmp_path / "results.json"), runs, meta)
     saved = json.loads((tmp_path / "results.json").read_text())
     assert saved["summary"]["paired_differences"][0]["final"]["se"] == pytest.approx(pair["final"]["se"])
+
+
+@pytest.mark.parametrize("per_seed, expected", [
+    ([0.03, 0.02, 0.025], "win"),        # same sign, mean 0.025 > 2 SE (0.006)
+    ([-0.03, -0.02, -0.025], "lose"),    # the mirror
+    ([0.001, 0.026, 0.024], "win"),      # the default task's GROUP-PPO - decoupled GAE: 0.017 > 2 x 0.008
+    ([0.003, -0.007, 0.017], "level"),   # mixed signs
+    ([0.001, 0.05, 0.002], "level"),     # same sign but mean 0.018 < 2 SE (0.032)
+    ([0.2], "level"),                    # one seed has no standard error
+])
+def test_verdict_applies_the_preregistered_rule(per_seed, expected):
+    from verl_group_ppo.demo import report
+
+    a = {s: d for s, d in enumerate(per_seed)}
+    diff = report.paired_difference(a, {s: 0.0 for s in a})
+    assert report.verdict(diff) == expected

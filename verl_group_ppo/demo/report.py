@@ -61,6 +61,22 @@ def paired_difference(a: dict[int, float], b: dict[int, float]) -> dict[str, Any
     return {"seeds": seeds, "mean": float(d.mean()) if len(d) else None, "se": se, "per_seed": d.tolist()}
 
 
+def verdict(diff: dict[str, Any], min_se_multiple: float = 2.0) -> str:
+    """The comparison rule of docs/results.md for one paired difference ``a - b``.
+
+    ``"win"`` when every seed's difference is positive and the mean exceeds ``min_se_multiple`` paired
+    standard errors, ``"lose"`` by the mirror rule, else ``"level"`` (also with fewer than 2 seeds).
+    """
+    per_seed, mean, se = diff["per_seed"], diff["mean"], diff["se"]
+    if se is None or len(per_seed) < 2:
+        return "level"
+    if all(d > 0 for d in per_seed) and mean > min_se_multiple * se:
+        return "win"
+    if all(d < 0 for d in per_seed) and -mean > min_se_multiple * se:
+        return "lose"
+    return "level"
+
+
 def _arm_row(name: str, rs: list[dict], ppo_end: Optional[float]) -> dict[str, Any]:
     finals = [r["final_eval_accuracy"] for r in rs]
     areas = [r.get("curve_area", curve_area(r["curve"])) for r in rs]
@@ -161,12 +177,16 @@ def _pair_table(s: dict) -> list[str]:
     if not s["paired_differences"]:
         return []
     lines = ["Paired differences over common seeds (mean +- paired standard error = std of the per-seed "
-             "differences / sqrt(seeds)):", "",
-             "| difference | final eval acc | curve area | per seed (final) |", "|---|---|---|---|"]
+             "differences / sqrt(seeds)); verdict by the rule of docs/results.md (win: every seed's difference "
+             "positive and the mean above 2 paired standard errors; lose: the mirror; else level):", "",
+             "| difference | final eval acc | curve area | per seed (final) | per seed (area) | verdict (final / area) |",
+             "|---|---|---|---|---|---|"]
     for p in s["paired_differences"]:
         per_seed = ", ".join(f"{v:+.3f}" for v in p["final"]["per_seed"])
+        per_seed_area = ", ".join(f"{v:+.3f}" for v in p["area"]["per_seed"])
         lines.append(f"| {_label(p['a'])} - {_label(p['b'])} | {_pm(p['final']['mean'], p['final']['se'])} | "
-                     f"{_pm(p['area']['mean'], p['area']['se'])} | {per_seed} |")
+                     f"{_pm(p['area']['mean'], p['area']['se'])} | {per_seed} | {per_seed_area} | "
+                     f"{verdict(p['final'])} / {verdict(p['area'])} |")
     return lines + [""]
 
 
