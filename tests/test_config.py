@@ -8,7 +8,7 @@ import math
 import pytest
 from omegaconf import OmegaConf
 
-from verl_group_ppo.config import GroupParams, read_algorithm_settings, select
+from verl_group_ppo.config import V1_GROUP_PARAMS, GroupParams, read_algorithm_settings, select
 
 SPEC_DEFAULTS = {
     "group_variance_threshold": 1.0, "group_max_size": 16, "group_epsilon": 1e-6, "adaptive_threshold": True,
@@ -16,19 +16,27 @@ SPEC_DEFAULTS = {
     "low_prob_threshold": 0.9, "adv_norm": "batch", "target_explained_variance": 0.5,
     "critic_loss_on": "boundaries",
 }
-V2_DEFAULTS = {"policy_lam": None, "critic_lam": None, "adaptive_target": "explained_variance",
-               "target_group_size": 8.0}
+V2_KEYS_AT_V1 = {"policy_lam": None, "critic_lam": None, "adaptive_target": "explained_variance",
+                 "target_group_size": 8.0}
+# docs/results.md, "Version 2": the defaults chosen from the three-seed comparison
+V2_CHOSEN = {"threshold_lr": 0.1, "policy_lam": 0.95, "adaptive_target": "group_size", "target_group_size": 4.0}
 
 
-def test_defaults_are_the_spec_defaults_and_every_key_has_help():
-    assert GroupParams().to_dict() == {**SPEC_DEFAULTS, **V2_DEFAULTS}
-    assert set(GroupParams.help()) == set(SPEC_DEFAULTS) | set(V2_DEFAULTS) and all(GroupParams.help().values())
+def test_defaults_are_the_version_2_choice_and_every_key_has_help():
+    assert GroupParams().to_dict() == {**SPEC_DEFAULTS, **V2_KEYS_AT_V1, **V2_CHOSEN}
+    assert set(GroupParams.help()) == set(SPEC_DEFAULTS) | set(V2_KEYS_AT_V1) and all(GroupParams.help().values())
+
+
+def test_v1_values_reproduce_the_version_1_configuration():
+    assert GroupParams(**V1_GROUP_PARAMS).to_dict() == {**SPEC_DEFAULTS, **V2_KEYS_AT_V1}
+    overrides = {f"{k}": ("null" if v is None else str(v)) for k, v in V1_GROUP_PARAMS.items()}
+    assert GroupParams.from_config(overrides) == GroupParams(**V1_GROUP_PARAMS)  # as command-line strings
 
 
 def test_from_none_dict_and_omegaconf():
     assert GroupParams.from_config(None) == GroupParams()
     p = GroupParams.from_config({"group_max_size": 4, "adv_norm": "prompt"})
-    assert p.group_max_size == 4 and p.adv_norm == "prompt" and p.threshold_lr == 0.01
+    assert p.group_max_size == 4 and p.adv_norm == "prompt" and p.threshold_lr == GroupParams().threshold_lr
     assert GroupParams.from_config(OmegaConf.create({"group_max_size": 4, "adv_norm": "prompt"})) == p
     assert GroupParams.from_config(p) is p
     assert GroupParams.from_config(p.to_dict()) == p
@@ -102,3 +110,11 @@ def test_read_algorithm_settings():
         read_algorithm_settings({"gamma": 2.0})
     with pytest.raises(ValueError, match="group_params"):
         read_algorithm_settings({"group_params": [1, 2]})
+
+
+def test_default_lambdas_bootstrap_the_policy_and_keep_the_critic_on_algorithm_lam():
+    """Version 2's defaults: policy_lam 0.95 whatever algorithm.lam says; critic_lam null follows algorithm.lam."""
+    s = read_algorithm_settings({"lam": 1.0})
+    assert (s.policy_lam, s.critic_lam) == (0.95, 1.0)
+    s = read_algorithm_settings({"lam": 0.9, "group_params": {"policy_lam": None}})
+    assert (s.policy_lam, s.critic_lam) == (0.9, 0.9)

@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from verl.trainer.ppo.core_algos import compute_gae_advantage_return, compute_grpo_outcome_advantage
 from verl_group_ppo_testutils_reference import reference_group_ppo
 
-from verl_group_ppo.config import GroupParams, read_algorithm_settings
+from verl_group_ppo.config import V1_GROUP_PARAMS, GroupParams, read_algorithm_settings
 from verl_group_ppo.core_algos import (
     AdaptiveThreshold,
     compute_group_advantage,
@@ -63,7 +63,10 @@ def make_batch(seed: int, B: int, T: int, mask_kind: str = "prefix", dense: bool
 
 
 def config(gamma=1.0, lam=1.0, norm_by_std=True, **group):
+    """verl's ``algorithm`` config. ``lam`` drives both lambdas unless ``policy_lam``/``critic_lam`` are given
+    (policy_lam's package default is 0.95, so the helper sets it to null = algorithm.lam)."""
     group.setdefault("adaptive_threshold", False)
+    group.setdefault("policy_lam", None)
     return {"gamma": gamma, "lam": lam, "norm_adv_by_std_in_grpo": norm_by_std, "group_params": group}
 
 
@@ -414,7 +417,7 @@ def test_mask_dtypes_bool_int_float_agree():
 
 
 def test_update_threshold_moves_toward_target_and_clips():
-    p = GroupParams(threshold_lr=0.5, target_explained_variance=0.5, min_threshold=0.5, max_threshold=4.0)
+    p = GroupParams(adaptive_target="explained_variance", threshold_lr=0.5, target_explained_variance=0.5, min_threshold=0.5, max_threshold=4.0)
 
     def step(tau, ev):
         return update_threshold(tau, params=p, explained_variance=ev)
@@ -427,9 +430,10 @@ def test_update_threshold_moves_toward_target_and_clips():
     assert step(2.0, float("nan")) == 2.0
 
 
-def test_largest_default_tau_growth_per_batch_is_exp_0_015():
-    """docs/results.md: with the defaults (lr 0.01, target 0.5) tau grows at most by e^0.015 per batch (ev = -1)."""
-    p = GroupParams()
+def test_largest_v1_tau_growth_per_batch_is_exp_0_015():
+    """docs/results.md: with the version-1 values (explained-variance target 0.5, lr 0.01) tau grows at most by
+    e^0.015 per batch (ev = -1)."""
+    p = GroupParams(**V1_GROUP_PARAMS)
     assert update_threshold(1.0, params=p, explained_variance=-1.0) == pytest.approx(math.exp(0.015))
 
 
@@ -448,7 +452,7 @@ def test_group_size_target_rule():
 
 
 def test_adaptive_threshold_owns_state_rule_and_round_trip():
-    params = GroupParams(threshold_lr=0.1)
+    params = GroupParams(threshold_lr=0.1, adaptive_target="explained_variance")
     threshold = AdaptiveThreshold(params)
     assert threshold.value == 1.0 and threshold.adapts
     rewards, mask, values, _, index = make_batch(19, 4, 12, "prefix", junk=False)

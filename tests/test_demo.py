@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 import random
 
 import numpy as np
@@ -399,3 +400,23 @@ def test_verdict_applies_the_preregistered_rule(per_seed, expected):
     a = {s: d for s, d in enumerate(per_seed)}
     diff = report.paired_difference(a, {s: 0.0 for s in a})
     assert report.verdict(diff) == expected
+
+
+def test_version_1_command_in_docs_gives_the_version_1_settings():
+    """docs/demo.md's version-1 command: no critic warm-up and config.V1_GROUP_PARAMS; the default warm-up is
+    5% of the steps for every critic arm."""
+    from verl_group_ppo.config import V1_GROUP_PARAMS, GroupParams
+    from verl_group_ppo.demo.cli import build_parser, resolve
+
+    parser = build_parser()
+    argv = ["--critic-warmup", "0", "--group-param", "policy_lam=null", "--group-param", "threshold_lr=0.01",
+            "--group-param", "adaptive_target=explained_variance", "--group-param", "target_group_size=8"]
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "demo.md").read_text()
+    assert " ".join(argv) in doc.replace("\\\n    ", "")
+    _, cfg = resolve(parser.parse_args(argv))
+    assert cfg.critic_warmup == 0
+    assert GroupParams.from_config(cfg.group_params) == GroupParams(**V1_GROUP_PARAMS)
+    _, default = resolve(parser.parse_args([]))
+    task = make_task("chain_sum")
+    assert default.critic_warmup is None and default.resolved(task).critic_warmup == 20
+    assert RunConfig(steps=150).resolved(task).critic_warmup == 7 and RunConfig(steps=3).resolved(task).critic_warmup == 0

@@ -43,7 +43,7 @@ class GroupParams:
     group_max_size: int = _help("Most valid tokens in one group (>= 1); 1 reproduces token-level GAE.", 16)
     group_epsilon: float = _help("Small positive constant in the normalised TD variance and explained variance.", 1e-6)
     adaptive_threshold: bool = _help("Adapt tau after each batch toward adaptive_target (variance rule only).", True)
-    threshold_lr: float = _help("Step size of the multiplicative tau update (log-space).", 0.01)
+    threshold_lr: float = _help("Step size of the multiplicative tau update (log-space).", 0.1)
     min_threshold: float = _help("Lower bound for the adapted tau.", 0.1)
     max_threshold: float = _help("Upper bound for the adapted tau.", 10.0)
     boundary_rule: str = _help("Endpoint rule: 'variance' (TD-variance budget), 'fixed' or 'low_prob'.", "variance")
@@ -55,14 +55,14 @@ class GroupParams:
     critic_loss_on: str = _help("Critic loss at 'boundaries' (value slots the advantages use) or 'all_tokens'.",
                                 "boundaries")
     policy_lam: Optional[float] = _help(
-        "Lambda of the advantages' segment GAE, in [0, 1]; null = algorithm.lam.", None)
+        "Lambda of the advantages' segment GAE, in [0, 1]; null = algorithm.lam.", 0.95)
     critic_lam: Optional[float] = _help(
         "Lambda of the critic's returns (its targets), in [0, 1]; null = algorithm.lam.", None)
     adaptive_target: str = _help(
-        "What tau adapts to: 'explained_variance' (v1; can run away, see docs) or 'group_size'.",
-        "explained_variance")
+        "What tau adapts to: 'group_size' or 'explained_variance' (v1; can run away, see docs).",
+        "group_size")
     target_group_size: float = _help(
-        "adaptive_target=group_size: the mean valid tokens per group tau steers toward (> 0).", 8.0)
+        "adaptive_target=group_size: the mean valid tokens per group tau steers toward (> 0).", 4.0)
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -92,6 +92,13 @@ class GroupParams:
     def help() -> dict[str, str]:
         """One line of help per key."""
         return {f.name: f.metadata["help"] for f in fields(GroupParams)}
+
+
+#: The version-1 values of the keys whose defaults changed in version 2 (docs/results.md, "Version 2"):
+#: ``GroupParams(**V1_GROUP_PARAMS)`` is the version-1 configuration; as Hydra overrides,
+#: ``++algorithm.group_params.KEY=VALUE`` for each (with ``trainer.critic_warmup=0``).
+V1_GROUP_PARAMS: dict[str, Any] = {"threshold_lr": 0.01, "policy_lam": None,
+                                   "adaptive_target": "explained_variance", "target_group_size": 8.0}
 
 
 @dataclass(frozen=True)

@@ -24,12 +24,12 @@
 # package). Weights & Biases in addition: 'trainer.logger=[console,tensorboard,file,wandb]'.
 #
 # The three estimators share every setting except these (and only because the estimator needs it):
-#   group_ppo  algorithm.adv_estimator=group_ppo, critic.enable=True, every
-#              ++algorithm.group_params.* key set explicitly: group_max_size=32 (measured:
-#              docs/configuration.md, "group_max_size"), every other key at the package default (the
-#              lambda and threshold values are not tuned here)
-#   gae        algorithm.adv_estimator=gae, critic.enable=True
-#   grpo       algorithm.adv_estimator=grpo, critic.enable=False (GRPO has no critic), and the KL
+#   group_ppo  algorithm.adv_estimator=group_ppo, critic.enable=True, trainer.critic_warmup=21 (20
+#              critic-only steps), every ++algorithm.group_params.* key set explicitly: group_max_size=32
+#              (measured: docs/configuration.md, "group_max_size"), every other key at the package's
+#              version-2 default (chosen on the CPU demo: docs/results.md, "Version 2")
+#   gae        algorithm.adv_estimator=gae, critic.enable=True, the same critic warm-up
+#   grpo       algorithm.adv_estimator=grpo, critic.enable=False (GRPO has no critic, no warm-up), and the KL
 #              to the reference policy as a loss term: actor.use_kl_loss=True, kl_loss_coef=0.001,
 #              kl_loss_type=low_var_kl (GROUP-PPO and GAE run without KL, as verl's PPO examples do)
 set -euo pipefail
@@ -100,7 +100,6 @@ shared=(
   critic.model.enable_gradient_checkpointing=True
   critic.optim.lr=1e-5
   critic.ppo_micro_batch_size_per_gpu=$micro_batch
-  trainer.critic_warmup=0
   'trainer.logger=[console,tensorboard,file]'
   ++ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_ROOT="$OUT_DIR"
   ++ray_kwargs.ray_init.runtime_env.env_vars.TENSORBOARD_DIR="$OUT_DIR/$project/$experiment/tensorboard"
@@ -123,37 +122,48 @@ case "$estimator" in
       algorithm.adv_estimator=group_ppo
       critic.enable=True
       actor_rollout_ref.actor.use_kl_loss=False
+      # Critic warm-up: 20 critic-only steps (verl gives N - 1 for critic_warmup=N), the same for gae;
+      # version 2's choice from the CPU demo (docs/results.md, "Version 2"), about 5% of this run's steps.
+      trainer.critic_warmup=21
       # Every GROUP-PPO key; docs/configuration.md explains each one. group_max_size=32: with the
       # default threshold range (tau <= max_threshold = 10) a cap of 16 ends about a fifth of the groups
       # and 32 almost none, so the critic, not the cap, decides (benchmarks/bench_long_cot.py). All other
-      # keys are the package defaults; lambda and the threshold settings are not tuned here.
+      # keys are the package's version-2 defaults, chosen on the CPU demo (docs/results.md, "Version 2";
+      # not measured on GSM8K): policy_lam=0.95 bootstraps at group boundaries, critic_lam=null keeps the
+      # critic's targets at algorithm.lam=1.0 (Monte Carlo), and tau steers toward groups of 4 tokens
+      # (adaptive_target=group_size, threshold_lr=0.1). Version 1: policy_lam=null, threshold_lr=0.01,
+      # adaptive_target=explained_variance, target_group_size=8.0 and trainer.critic_warmup=0.
       ++algorithm.group_params.boundary_rule=variance
       ++algorithm.group_params.group_variance_threshold=1.0
       ++algorithm.group_params.group_max_size=32
       ++algorithm.group_params.group_epsilon=1e-6
       ++algorithm.group_params.adaptive_threshold=True
-      ++algorithm.group_params.threshold_lr=0.01
+      ++algorithm.group_params.threshold_lr=0.1
       ++algorithm.group_params.min_threshold=0.1
       ++algorithm.group_params.max_threshold=10.0
       ++algorithm.group_params.target_explained_variance=0.5
       ++algorithm.group_params.low_prob_threshold=0.9
       ++algorithm.group_params.adv_norm=batch
       ++algorithm.group_params.critic_loss_on=boundaries
-      ++algorithm.group_params.policy_lam=null
+      ++algorithm.group_params.policy_lam=0.95
       ++algorithm.group_params.critic_lam=null
-      ++algorithm.group_params.adaptive_target=explained_variance
-      ++algorithm.group_params.target_group_size=8.0
+      ++algorithm.group_params.adaptive_target=group_size
+      ++algorithm.group_params.target_group_size=4.0
     ) ;;
   gae)
     specific=(
       algorithm.adv_estimator=gae
       critic.enable=True
+      # the same critic warm-up as group_ppo (20 critic-only steps); lambda stays algorithm.lam=1.0, the
+      # best single lambda for this critic in the CPU demo's probe (docs/results.md)
+      trainer.critic_warmup=21
       actor_rollout_ref.actor.use_kl_loss=False
     ) ;;
   grpo)
     specific=(
       algorithm.adv_estimator=grpo
       critic.enable=False
+      trainer.critic_warmup=0  # no critic to warm up: the actor trains from the first step, as verl runs GRPO
       actor_rollout_ref.actor.use_kl_loss=True
       actor_rollout_ref.actor.kl_loss_coef=0.001
       actor_rollout_ref.actor.kl_loss_type=low_var_kl

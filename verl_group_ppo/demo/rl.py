@@ -42,8 +42,10 @@ class RunConfig:
     actor_lr: float = option(2e-4, "actor learning rate (Adam)")
     critic_lr: float = option(1e-3, "critic learning rate (Adam)")
     lr_warmup_steps: int = option(10, "linear warm-up of each learning rate over its first updates")
-    critic_warmup: int = option(0, "first steps that update only the critic (actor frozen; verl's "
-                                   "trainer.critic_warmup); GROUP-PPO's advantage step and threshold still run")
+    critic_warmup: Optional[int] = option(None, "first steps that update only the critic (actor frozen; verl's "
+                                                "trainer.critic_warmup), every critic arm alike; GROUP-PPO's "
+                                                "advantage step and threshold still run (None: steps // 20, "
+                                                "20 of 400; version 1: 0)", type=int)
     ppo_epochs: int = option(1, "passes over each batch")
     mini_batch_size: int = option(256, "actor mini-batch (responses per update)")
     critic_mini_batch_size: int = option(64, "critic mini-batch (responses per update; every critic arm)")
@@ -61,7 +63,7 @@ class RunConfig:
                                                      "(None: 1, steps/2, steps)", cli=False)
 
     def __post_init__(self) -> None:
-        if not 0 <= self.critic_warmup < self.steps:
+        if self.critic_warmup is not None and not 0 <= self.critic_warmup < self.steps:
             raise ValueError(f"critic_warmup must be in [0, steps={self.steps}), got {self.critic_warmup}")
         if "critic_loss_on" in (self.group_params or {}):
             raise ValueError("group_params.critic_loss_on is set by the arm: choose group_ppo (boundaries) or "
@@ -72,6 +74,7 @@ class RunConfig:
         return dataclasses.replace(
             self,
             response_len=self.response_len or task.max_solution_len() + 4,
+            critic_warmup=self.steps // 20 if self.critic_warmup is None else self.critic_warmup,
             eval_every=self.eval_every or max(1, self.steps // 15),
             record_groups_at=(tuple(sorted({1, max(1, self.steps // 2), self.steps}))
                               if self.record_groups_at is None else tuple(self.record_groups_at)))
