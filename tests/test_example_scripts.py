@@ -247,8 +247,12 @@ def test_baselines_differ_only_where_the_estimator_requires(size, stub_bin, tmp_
         "actor_rollout_ref.actor.use_kl_loss",
         "actor_rollout_ref.actor.kl_loss_coef",
         "actor_rollout_ref.actor.kl_loss_type",
+        "trainer.critic_warmup",
     } | group_keys
     assert grpo["critic.enable"] == "False" and group["critic.enable"] == "True"
+    # docs/results.md, "Version 2": the same critic warm-up (20 critic-only steps) for both critic arms; GRPO
+    # has no critic and trains its actor from the first step, as verl runs it
+    assert group["trainer.critic_warmup"] == gae["trainer.critic_warmup"] == "21" and grpo["trainer.critic_warmup"] == "0"
 
 
 @pytest.mark.parametrize("size", SIZES)

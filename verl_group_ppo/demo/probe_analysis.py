@@ -55,7 +55,9 @@ def default_configs() -> list[EstimatorConfig]:
     }
     for lam in (1.0, 0.9):
         for label, params in group_variants.items():
-            configs.append(EstimatorConfig(f"group_ppo {label} lam={lam}", "group_ppo", lam, dict(params)))
+            # policy_lam set explicitly: the row's lambda, not the package default
+            configs.append(EstimatorConfig(f"group_ppo {label} lam={lam}", "group_ppo", lam,
+                                           {"policy_lam": lam, **params}))
     return configs
 
 
