@@ -55,9 +55,7 @@ def default_configs() -> list[EstimatorConfig]:
     }
     for lam in (1.0, 0.9):
         for label, params in group_variants.items():
-            # policy_lam set explicitly: the row's lambda, not the package default
-            configs.append(EstimatorConfig(f"group_ppo {label} lam={lam}", "group_ppo", lam,
-                                           {"policy_lam": lam, **params}))
+            configs.append(EstimatorConfig(f"group_ppo {label} lam={lam}", "group_ppo", lam, dict(params)))
     return configs
 
 
@@ -135,8 +133,9 @@ def estimator_advantages(config: EstimatorConfig, rewards: torch.Tensor, mask: t
         return (returns - values) * mask, {}
     if config.estimator == "grpo":
         return _grpo_unnormalised(rewards, mask, index), {}
-    settings = read_algorithm_settings({"gamma": 1.0, "lam": config.lam,
-                                        "group_params": {**config.group_params, "adv_norm": "none"}})
+    # config.lam is GROUP-PPO's policy_lam (not the package default) unless the row sets policy_lam itself
+    settings = read_algorithm_settings({"gamma": 1.0, "lam": config.lam, "group_params": {
+        "policy_lam": config.lam, **config.group_params, "adv_norm": "none"}})
 
     def run(tau: float):
         return compute_group_ppo_outputs(rewards, mask, values=values, settings=settings, index=index,
