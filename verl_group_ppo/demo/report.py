@@ -68,7 +68,7 @@ def verdict(diff: dict[str, Any], min_se_multiple: float = 2.0) -> str:
     standard errors, ``"lose"`` by the mirror rule, else ``"level"`` (also with fewer than 2 seeds).
     """
     per_seed, mean, se = diff["per_seed"], diff["mean"], diff["se"]
-    if se is None or len(per_seed) < 2:
+    if se is None:  # paired_difference gives no standard error below 2 seeds
         return "level"
     if all(d > 0 for d in per_seed) and mean > min_se_multiple * se:
         return "win"
