@@ -43,7 +43,7 @@ class RunConfig:
     critic_lr: float = option(1e-3, "critic learning rate (Adam)")
     lr_warmup_steps: int = option(10, "linear warm-up of each learning rate over its first updates")
     critic_warmup: Optional[int] = option(None, "first steps that update only the critic (actor frozen; verl's "
-                                                "trainer.critic_warmup), every critic arm alike; GROUP-PPO's "
+                                                "trainer.critic_warmup), every arm alike (GRPO's actor waits too); GROUP-PPO's "
                                                 "advantage step and threshold still run (None: steps // 20, "
                                                 "20 of 400; version 1: 0)", type=int)
     ppo_epochs: int = option(1, "passes over each batch")
