@@ -463,3 +463,48 @@ def test_ray_object_store_checkpoint_engine_moves_weights_exactly(local_ray):
     expected = dict(actor.named_parameters())
     assert [name for name, _ in received] == list(expected)
     assert all(torch.equal(tensor, expected[name]) for name, tensor in received)
+
+
+# ==================================================================================================
+# sampler.py: verl's replay buffer with a short poll interval
+
+
+def _sampler_kwargs(mode: str, sampler_kwargs=None) -> dict:
+    return dict(trainer_mode=mode, trainer_config=OmegaConf.create({}), max_off_policy_threshold=None,
+                max_off_policy_strategy="drop", sampler_kwargs=OmegaConf.create(sampler_kwargs or {}),
+                refill_fn=lambda n: None)
+
+
+@pytest.mark.parametrize("mode, expected", [("sync", "ReplayBuffer"), ("colocate_async", "ReplayBufferAsync"),
+                                            ("separate_async", "ReplayBufferAsync")])
+def test_replay_buffer_is_verls_own_for_the_mode_with_a_short_poll(mode, expected):
+    from verl_group_ppo.cpu import sampler
+
+    buffer = sampler.replay_buffer(**_sampler_kwargs(mode))
+    assert type(buffer).__name__ == expected and type(buffer).__module__ == "verl.trainer.ppo.v1.replay_buffer"
+    assert buffer.poll_interval == sampler.DEFAULT_POLL_INTERVAL_S == 0.2
+    assert buffer.trainer_mode == mode and buffer.refill_fn is not None
+
+
+def test_replay_buffer_poll_interval_from_sampler_kwargs():
+    from verl_group_ppo.cpu import sampler
+
+    assert sampler.replay_buffer(**_sampler_kwargs("sync", {"poll_interval": 0.5})).poll_interval == 0.5
+    assert sampler.replay_buffer(**_sampler_kwargs("sync", {"poll_interval": 1})).poll_interval == 1.0
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, "fast", True, None])
+def test_replay_buffer_rejects_a_bad_poll_interval(bad):
+    from verl_group_ppo.cpu import sampler
+
+    with pytest.raises(ValueError, match="sampler_kwargs.poll_interval"):
+        sampler.replay_buffer(**_sampler_kwargs("sync", {"poll_interval": bad}))
+
+
+def test_replay_buffer_needs_the_trainer_mode():
+    from verl_group_ppo.cpu import sampler
+
+    kwargs = _sampler_kwargs("sync")
+    del kwargs["trainer_mode"]
+    with pytest.raises(TypeError, match="trainer_mode"):
+        sampler.replay_buffer(**kwargs)

@@ -247,3 +247,29 @@ def test_checkpoint_engine_interface_for_separate_async():
         "rollout workers no longer import checkpoint_engine.custom_backend_module (the engine would not register)"
     assert 'checkpoint_engine.backend != "naive"' in _source(trainer_separate_async), \
         "separate_async no longer refuses the naive engine (ray_object_store may no longer be needed)"
+
+
+# ==================================================================================================
+# replay-buffer poll interval (verl_group_ppo/cpu/sampler.py)
+
+
+def test_custom_sampler_hook_and_the_kwargs_it_passes():
+    from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+
+    src = _source(PPOTrainer._build_replay_buffer)
+    assert "load_extern_type(custom_sampler.path, custom_sampler.name)" in src, \
+        "the v1 trainer no longer loads trainer.v1.sampler.custom_sampler.{path,name} (sampler.py is not used)"
+    for kwarg in ("trainer_mode=", "trainer_config=", "max_off_policy_threshold=", "max_off_policy_strategy=",
+                  "sampler_kwargs=", "refill_fn="):
+        assert kwarg in src, f"the v1 trainer no longer passes {kwarg[:-1]} to its sampler (sampler.py forwards it)"
+    assert "if not has_custom_sampler:" in src, \
+        "the v1 trainer changed which arguments a custom sampler misses (the launcher's DAPO exclusion in common.sh)"
+
+
+def test_replay_buffer_sleeps_its_poll_interval_between_polls():
+    from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer, ReplayBufferAsync
+
+    assert "poll_interval" in _params(ReplayBuffer.__init__), "ReplayBuffer no longer takes poll_interval"
+    assert issubclass(ReplayBufferAsync, ReplayBuffer)
+    assert "time.sleep(self.poll_interval)" in _source(ReplayBuffer._wait_for_next_poll), \
+        "the replay buffer no longer sleeps poll_interval between polls (sampler.py may be pointless or wrong)"

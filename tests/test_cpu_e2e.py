@@ -167,6 +167,28 @@ def test_summarize_log_reads_verl_console_metrics():
         summarize_log.reward_rise(steps, window=3)
 
 
+def _launcher_args(tmp_path: Path, *extra: str) -> list[str]:
+    """The arguments common.sh hands to the interpreter, through a stub PYTHON (no verl run)."""
+    (tmp_path / "model").mkdir(exist_ok=True)
+    (tmp_path / "model" / "prepare.json").write_text("{}")  # prepared: the launcher skips prepare
+    stub = tmp_path / "python"
+    stub.write_text('#!/bin/sh\nprintf "%s\\n" "$@" > "$(dirname "$0")/args.txt"\n')
+    stub.chmod(0o755)
+    env = {**os.environ, "WORK_DIR": str(tmp_path), "PYTHON": str(stub)}
+    subprocess.run(["bash", str(LAUNCHER), "group_ppo", *extra], env=env, check=True, capture_output=True)
+    return (tmp_path / "args.txt").read_text().splitlines()
+
+
+def test_launcher_plugs_in_the_short_poll_sampler_unless_the_run_needs_verls_own(tmp_path):
+    hook = "trainer.v1.sampler.custom_sampler.path=pkg://verl_group_ppo.cpu.sampler"
+    args = _launcher_args(tmp_path)
+    assert args[:2] == ["-m", "verl.trainer.main_ppo"]
+    assert hook in args and "trainer.v1.sampler.custom_sampler.name=replay_buffer" in args
+    # verl gives a custom sampler no DAPO / failed-group refill arguments: those runs keep verl's own buffer
+    for extra in ("algorithm.filter_groups.enable=True", "trainer.v1.sampler.sync_refill_failed_groups=True"):
+        assert hook not in _launcher_args(tmp_path, extra), extra
+
+
 # ---------------------------------------------------------------------------------------- end-to-end
 
 
