@@ -78,14 +78,18 @@ class ChatTokenizer:
         self.pad_id = hf_tokenizer.pad_token_id
         self.eos_id = hf_tokenizer.eos_token_id
         self.vocab_size = len(hf_tokenizer)
+        self._prompt_ids: dict[str, list[int]] = {}
 
     def encode(self, text: str) -> list[int]:
         return list(self.hf.encode(text, add_special_tokens=False))
 
     def encode_prompt(self, prompt: str) -> list[int]:
-        """Ids of the chat-templated prompt, exactly as verl's dataset builds them."""
-        return list(self.hf.apply_chat_template(chat_messages(prompt), add_generation_prompt=True,
-                                                tokenize=True, return_dict=False))
+        """Ids of the chat-templated prompt, exactly as verl's dataset builds them (cached: the warm start
+        encodes the same training prompts many times, and rendering the template costs ~0.15 ms)."""
+        if prompt not in self._prompt_ids:
+            self._prompt_ids[prompt] = list(self.hf.apply_chat_template(
+                chat_messages(prompt), add_generation_prompt=True, tokenize=True, return_dict=False))
+        return list(self._prompt_ids[prompt])
 
     def decode(self, ids: Sequence[int], stop_at_eos: bool = True) -> str:
         ids = [int(i) for i in ids]
@@ -271,14 +275,18 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--" + f.name.replace("_", "-"), type=type(getattr(defaults, f.name)),
                        default=getattr(defaults, f.name), help=f"(default: %(default)s)")
     p.add_argument("--force", action="store_true", help="rebuild even when the outputs are up to date")
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch threads (default 1: on a busy 2-core machine two threads ran 7x slower)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch threads (default: 2 when the machine has 2 cores or more, else 1; the warm start "
+                        "ran 1.3x faster with 2 than with 1 on a quiet 2-core machine, but 7x slower when the "
+                        "cores were busy: use 1 on a loaded machine)")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = vars(build_parser().parse_args(argv))
     output_dir, force, threads = args.pop("output_dir"), args.pop("force"), args.pop("threads")
+    if threads is None:
+        threads = min(2, os.cpu_count() or 1)
     if threads < 1:
         raise ValueError(f"--threads: must be >= 1, got {threads}")
     import torch

@@ -31,13 +31,16 @@ def encode_prompt(tok: CharTokenizer, p: Problem) -> list[int]:
 
 def teacher_forced_batch(tok: CharTokenizer, problems: list[Problem], device, response_len: int,
                          solutions: list[str] | None = None) -> Rollout:
+    """Prompts left-padded, worked solutions + EOS right-padded to the longest one in the batch (at most
+    ``response_len`` tokens). Padding at the right end changes no logit of a causal model, so trimming it
+    only saves compute."""
     prompt_ids, prompt_mask = left_pad([encode_prompt(tok, p) for p in problems], tok.pad_id, device)
-    B = len(problems)
-    responses = torch.full((B, response_len), tok.pad_id, dtype=torch.long)
-    mask = torch.zeros((B, response_len))
-    for i, p in enumerate(problems):
-        text = p.solution if solutions is None else solutions[i]
-        ids = (tok.encode(text) + [tok.eos_id])[:response_len]
+    rows = [(tok.encode(p.solution if solutions is None else solutions[i]) + [tok.eos_id])[:response_len]
+            for i, p in enumerate(problems)]
+    width = max(len(ids) for ids in rows)
+    responses = torch.full((len(rows), width), tok.pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width))
+    for i, ids in enumerate(rows):
         responses[i, : len(ids)] = torch.tensor(ids)
         mask[i, : len(ids)] = 1
     return Rollout(prompt_ids, prompt_mask, responses.to(device), mask.to(device))
