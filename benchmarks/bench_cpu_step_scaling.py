@@ -4,7 +4,7 @@
         --estimators group_ppo,gae --prompts 16,32,64 --steps 6
 
 For every (estimator, prompts per step) pair it runs ``examples/cpu/common.sh ESTIMATOR`` for ``--steps``
-steps with ``data.train_batch_size=P`` (x 4 responses), one actor mini-batch of the whole batch and four
+steps with ``data.train_batch_size=P`` (x 4 responses), one actor mini-batch of the whole batch and two
 critic mini-batches (the launcher's own shape), saves the console log under ``--log-dir`` and prints a
 markdown table of verl's ``timing_s/*`` means over the steps after the first, with each row's step time
 as a ratio to the first row of the same estimator (measured in the same invocation: these machines are
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import math
 import os
 import subprocess
 import sys
@@ -50,9 +51,10 @@ def run_one(estimator: str, prompts: int, steps: int, work_dir: Path, log_path: 
         f"trainer.total_training_steps={steps}",
         f"data.train_batch_size={prompts}",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={prompts}",
-        f"critic.ppo_mini_batch_size={prompts // 4}",
-        # the critic's mini-batch is prompts responses; its micro-batch must divide it
-        f"critic.ppo_micro_batch_size_per_gpu={min(32, prompts)}",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={math.gcd(32, 4 * prompts)}",
+        f"critic.ppo_mini_batch_size={prompts // 2}",
+        # the critic's mini-batch is 2 x prompts responses; its micro-batch must divide it
+        f"critic.ppo_micro_batch_size_per_gpu={math.gcd(32, 2 * prompts)}",
         f"trainer.experiment_name=scaling_{estimator}_{prompts}",
         f"trainer.default_local_dir={work_dir}/checkpoints/scaling_{estimator}_{prompts}",
     ]

@@ -38,3 +38,21 @@ def test_step_scaling_reads_phases_through_the_launcher_log_parser():
     parser = bench._summarize_module()
     log = "step:1 - timing_s/step:9.0 - timing_s/gen:5.0\nstep:2 - timing_s/step:4.0 - timing_s/gen:2.0\n"
     assert parser.timing_breakdown(parser.parse_step_metrics(log)) == {"timing_s/gen": 2.0, "timing_s/step": 4.0}
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--steps", "19"], "--steps: need at least 20"),
+    (["--prompts", "0"], "--prompts: must be >= 1"),
+    (["--seeds", "0,x"], "--seeds: expected a comma list of integers"),
+    (["--seeds", ","], "--seeds: expected at least one value"),
+])
+def test_tiny_learning_rejects_bad_arguments_before_loading_anything(argv, message, tmp_path):
+    bench = _load("bench_cpu_tiny_learning")
+    with pytest.raises(SystemExit, match=message):
+        bench.main(["--work-dir", str(tmp_path), *argv])
+
+
+def test_tiny_learning_needs_a_prepared_work_dir(tmp_path):
+    bench = _load("bench_cpu_tiny_learning")
+    with pytest.raises(SystemExit, match="prepare.json is missing; run python -m verl_group_ppo.cpu.prepare"):
+        bench.main(["--work-dir", str(tmp_path)])
