@@ -56,14 +56,12 @@ def main(argv=None) -> int:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from verl_group_ppo.cpu.prepare import ChatTokenizer
+    from verl_group_ppo.cpu.prepare import ChatTokenizer, PrepareSettings, task_and_split
     from verl_group_ppo.demo.rl import RunConfig, run_one
-    from verl_group_ppo.demo.tasks import make_task, split_problems
 
     torch.set_num_threads(1)
     settings = json.loads(key.read_text())["settings"]
-    task = make_task(settings["task"])
-    train, test = split_problems(task, settings["n_train"], settings["n_test"], seed=1234 + settings["seed"])
+    task, train, test = task_and_split(PrepareSettings(**settings))
     model_dir = str(Path(args.work_dir) / "model")
     tok = ChatTokenizer(AutoTokenizer.from_pretrained(model_dir))
     init = {"size": settings["model_size"], "state_dict": AutoModelForCausalLM.from_pretrained(model_dir).state_dict()}

@@ -208,6 +208,13 @@ def save_model(policy, tok: ChatTokenizer, vocab, merges, path: str) -> None:
     save_tokenizer(tok.hf, vocab, merges, path)
 
 
+def task_and_split(settings: PrepareSettings) -> tuple[Task, list[Problem], list[Problem]]:
+    """The task and its (train, test) problems exactly as ``prepare`` draws them for ``settings``."""
+    task = make_task(settings.task)
+    train, test = split_problems(task, settings.n_train, settings.n_test, seed=1234 + settings.seed)
+    return task, train, test
+
+
 def is_prepared(output_dir: str, settings: PrepareSettings) -> bool:
     """True when ``output_dir`` holds all outputs, built with ``settings`` by this format version."""
     key_path = os.path.join(output_dir, "model", KEY_FILE)
@@ -231,8 +238,7 @@ def prepare(output_dir: str, settings: PrepareSettings = PrepareSettings(), log:
         with open(key_path) as f:
             return json.load(f)
     t0 = time.time()
-    task = make_task(settings.task)
-    train, test = split_problems(task, settings.n_train, settings.n_test, seed=1234 + settings.seed)
+    task, train, test = task_and_split(settings)
     log(f"[prepare] {len(train)} train / {len(test)} test {task.name} problems ({time.time() - t0:.0f} s)")
     hf, vocab, merges = train_tokenizer(tokenizer_texts(train), settings.tokenizer_vocab_size)
     tok = ChatTokenizer(hf)
