@@ -189,6 +189,18 @@ def test_launcher_plugs_in_the_short_poll_sampler_unless_the_run_needs_verls_own
         assert hook not in _launcher_args(tmp_path, extra), extra
 
 
+def test_launcher_computes_in_fp32_and_reuses_rollout_log_probs_unless_rollout_correction_is_asked_for(tmp_path):
+    args = _launcher_args(tmp_path)
+    # verl's FSDP engine reads mixed_precision.param_dtype (bf16 when absent), not fsdp_config.dtype
+    assert "++actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp32" in args
+    assert "++critic.fsdp.mixed_precision.param_dtype=fp32" in args
+    bypass = "algorithm.rollout_correction.bypass_mode=True"
+    assert bypass in args
+    # verl's v1 trainer skips rollout-correction IS/RS in bypass mode: a run that asks for them recomputes
+    asked = _launcher_args(tmp_path, "algorithm.rollout_correction.rollout_rs=token_k1")
+    assert bypass not in asked and asked[-1] == "algorithm.rollout_correction.rollout_rs=token_k1"
+
+
 # ---------------------------------------------------------------------------------------- end-to-end
 
 
@@ -262,7 +274,13 @@ def _assert_groups_dump_renders(rollouts: Path, html: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("estimator", ["gae", "grpo"])
 def test_baselines_run_two_steps(tiny_task, tmp_path, estimator):
-    steps = run_main_ppo(tiny_task, estimator, f"trainer.default_local_dir={tmp_path / 'ckpt'}")
+    # verl recomputes the old log-probs here (no bypass), and logs how far they are from the rollout's
+    steps = run_main_ppo(tiny_task, estimator, f"trainer.default_local_dir={tmp_path / 'ckpt'}",
+                         "algorithm.rollout_correction.bypass_mode=False")
     assert_trained(steps, [1, 2], critic=estimator == "gae")
+    # The hf rollout and the fp32 actor give the same token probabilities, before and after the step-1 update
+    # (weight sync exact): what lets the launcher reuse the rollout's log-probs. In bf16 this is ~2e-2.
+    for step in (1, 2):
+        assert steps[step]["training/rollout_probs_diff_max"] < 1e-4, (step, steps[step])
     assert not any(k.startswith("group/") for m in steps.values() for k in m)
     assert (tmp_path / "ckpt" / "global_step_2").is_dir()  # the launcher saves at the last step

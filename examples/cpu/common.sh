@@ -79,6 +79,16 @@ case " $* " in
               trainer.v1.sampler.custom_sampler.name=replay_buffer) ;;
 esac
 
+# Old log-probs = the rollout's log-probs (verl's bypass mode) instead of a second actor forward pass: the hf
+# rollout computes them in fp32 with the actor's exact weights, so the recompute returns the same numbers
+# (tests/test_cpu_e2e.py checks training/rollout_probs_diff_max at steps 1 and 2). verl's v1 trainer skips
+# rollout-correction IS/RS in bypass mode, so a run that sets any algorithm.rollout_correction key gets
+# verl's default (recompute) instead.
+case " $* " in
+  *rollout_correction*) bypass=() ;;
+  *) bypass=(algorithm.rollout_correction.bypass_mode=True) ;;
+esac
+
 shared=(
   data.train_files="$WORK_DIR/data/train.parquet"
   data.val_files="$WORK_DIR/data/test.parquet"
@@ -98,7 +108,9 @@ shared=(
   actor_rollout_ref.model.use_remove_padding=False
   actor_rollout_ref.model.enable_gradient_checkpointing=False
   actor_rollout_ref.actor.strategy=fsdp2
-  actor_rollout_ref.actor.fsdp_config.dtype=float32
+  # fp32 like the hf rollout: verl's FSDP engine computes in bf16 unless mixed_precision.param_dtype says
+  # otherwise (its fsdp_config.dtype is read by the Megatron engine only)
+  ++actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp32
   actor_rollout_ref.actor.use_torch_compile=False
   actor_rollout_ref.actor.fsdp_config.use_torch_compile=False
   actor_rollout_ref.actor.optim.lr=2e-4
@@ -118,7 +130,7 @@ shared=(
   critic.model.use_remove_padding=False
   critic.model.enable_gradient_checkpointing=False
   critic.strategy=fsdp2
-  critic.fsdp.dtype=float32
+  ++critic.fsdp.mixed_precision.param_dtype=fp32
   critic.fsdp.use_torch_compile=False
   critic.optim.lr=1e-3
   critic.ppo_mini_batch_size=$((train_batch / 2))
@@ -145,4 +157,5 @@ shared=(
 
 cd "$WORK_DIR"
 set -x
-exec nice -n "${NICE:-5}" "$PYTHON" -m verl.trainer.main_ppo "${shared[@]}" "${sampler[@]}" "${specific[@]}" "$@"
+exec nice -n "${NICE:-5}" "$PYTHON" -m verl.trainer.main_ppo "${shared[@]}" "${sampler[@]}" "${bypass[@]}" \
+  "${specific[@]}" "$@"
