@@ -65,7 +65,8 @@ export WANDB_MODE=${WANDB_MODE:-disabled} HYDRA_FULL_ERROR=1 RAY_DEDUP_LOGS=0
 # Per step: 32 prompts x 4 responses = 128 responses; one actor update per step, 2 critic updates of 64.
 # Micro-batches (responses) must divide every mini-batch: 32 does for any batch of 8k prompts x 4.
 # 55 steps: with fp32 compute, verl raised critic/score/mean (first to last 10 steps) by +0.061 in 40 steps and
-# +0.073 in 55; the demo's loop on the same model rose +0.001 to +0.087 in 40 steps (10 seeds); docs/cpu.md.
+# +0.073 in 55 (and +0.017 in another 55-step run); the demo's loop on the same model rose +0.001 to +0.074 in
+# 40 steps (10 seeds, mean +0.054); docs/cpu.md.
 train_batch=32
 rollout_n=4
 micro_batch=32
