@@ -31,7 +31,8 @@ from verl_group_ppo.demo.tasks import make_task, split_problems
 
 REPO = Path(__file__).resolve().parents[1]
 LAUNCHER = REPO / "examples" / "cpu" / "common.sh"
-TINY = prep.PrepareSettings(warmstart_steps=60, n_train=2000, n_test=64)
+# the tiny model: these runs check plumbing, not learning
+TINY = prep.PrepareSettings(model_size="tiny", warmstart_steps=60, n_train=2000, n_test=64)
 
 
 def _load_summarize_log():

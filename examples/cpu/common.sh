@@ -13,7 +13,7 @@
 # Environment:
 #   WORK_DIR  the tiny task's directory (default runs/cpu-tiny under the repository root); when
 #             WORK_DIR/model/prepare.json is missing, `python -m verl_group_ppo.cpu.prepare` builds
-#             WORK_DIR/model and WORK_DIR/data/{train,test}.parquet there first (about 2-3 min)
+#             WORK_DIR/model and WORK_DIR/data/{train,test}.parquet there first (about 4 min)
 #   PYTHON    interpreter with verl and verl-group-ppo (default: the repository's .venv/bin/python
 #             when present, else python3)
 #   NICE      nice level of the run (default 5: the run yields to interactive work)
@@ -64,13 +64,13 @@ export WANDB_MODE=${WANDB_MODE:-disabled} HYDRA_FULL_ERROR=1 RAY_DEDUP_LOGS=0
 
 # Per step: 32 prompts x 4 responses = 128 responses; one actor update per step, 2 critic updates of 64.
 # Micro-batches (responses) must divide every mini-batch: 32 does for any batch of 8k prompts x 4.
-# 55 steps: with fp32 compute, verl raised critic/score/mean (first to last 10 steps) by +0.061 in 40 steps and
-# +0.073 in 55 (and +0.017 in another 55-step run); the demo's loop on the same model rose +0.001 to +0.074 in
-# 40 steps (10 seeds, mean +0.054); docs/cpu.md.
+# 40 steps: on the model `prepare` builds (the demo's small model), the demo's RL loop with this shape raised the
+# reward by +0.07 to +0.20 (first to last 10 of 40 steps; 3 warm-start seeds x 4 RL seeds), and verl by +0.09 in
+# one run; docs/cpu.md.
 train_batch=32
 rollout_n=4
 micro_batch=32
-steps=55
+steps=40
 
 # verl's replay buffer polled every 0.2 s instead of 2 s (verl_group_ppo/cpu/sampler.py). verl hands a custom
 # sampler no DAPO / failed-group refill settings, so it is left out when the run asks for those.
