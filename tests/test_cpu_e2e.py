@@ -8,6 +8,7 @@ checks share as few runs as possible:
 
 * group_ppo, 2 steps, checkpoint at step 2 (sync trainer);
 * group_ppo resumed from it to step 3, ``critic_loss_on=all_tokens``: the threshold comes from the checkpoint;
+* group_ppo, 2 steps, verl's ``colocate_async`` trainer;
 * gae, 2 steps; grpo, 2 steps.
 """
 
@@ -31,7 +32,7 @@ from verl_group_ppo.demo.tasks import make_task, split_problems
 
 REPO = Path(__file__).resolve().parents[1]
 LAUNCHER = REPO / "examples" / "cpu" / "common.sh"
-# the tiny model: these runs check plumbing, not learning
+# the tiny model, briefly warm-started: these runs check plumbing, not learning
 TINY = prep.PrepareSettings(model_size="tiny", warmstart_steps=60, n_train=2000, n_test=64)
 
 
@@ -257,6 +258,18 @@ def test_group_ppo_saves_at_step_2_and_resumes_to_step_3_with_its_threshold(tiny
     assert_trained(resumed, [3], critic=True)
     assert resumed[3]["group/threshold"] == pytest.approx(saved_tau, rel=1e-6)
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "3"
+
+
+@pytest.mark.slow
+def test_group_ppo_trains_in_verls_colocate_async_mode(tiny_task, tmp_path):
+    # verl's colocate_async trainer on the one CPU rank (actor, critic and rollout share it): our advantage step
+    # runs there too, and the threshold moves from tau_0 after the first step's update
+    steps = run_main_ppo(tiny_task, "group_ppo", "trainer.v1.trainer_mode=colocate_async",
+                         f"trainer.default_local_dir={tmp_path / 'ckpt'}")
+    assert_trained(steps, [1, 2], critic=True)
+    assert steps[1]["group/threshold"] == pytest.approx(1.0)
+    assert steps[2]["group/threshold"] != pytest.approx(1.0)
+    assert (tmp_path / "ckpt" / "global_step_2" / "group_ppo_state.json").is_file()
 
 
 def _assert_groups_dump_renders(rollouts: Path, html: Path) -> None:
