@@ -1,7 +1,7 @@
 """How fast the training reward rises on the prepared tiny task, through the demo's own RL loop (seconds, not
 verl's minutes): a cheap way to choose the CPU launcher's batch, steps and learning rate before a real run.
 
-    python benchmarks/bench_cpu_tiny_learning.py --work-dir runs/cpu-tiny --prompts 32 --steps 55 --seeds 0,1,2
+    python benchmarks/bench_cpu_tiny_learning.py --work-dir runs/cpu-tiny --prompts 32 --steps 40 --seeds 0,1,2
 
 It loads ``WORK_DIR/model`` (made by ``python -m verl_group_ppo.cpu.prepare``) with its BPE tokenizer and chat
 template, rebuilds the same problem split, and runs :func:`verl_group_ppo.demo.rl.run_one` with the
@@ -34,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--work-dir", required=True, help="a prepared tiny task (WORK_DIR of examples/cpu)")
     p.add_argument("--estimator", default="group_ppo", help="group_ppo, gae or grpo (a demo arm)")
     p.add_argument("--prompts", type=int, default=32, help="prompts per step (x 4 responses)")
-    p.add_argument("--steps", type=int, default=55, help="RL steps (at least 20: two 10-step windows)")
+    p.add_argument("--steps", type=int, default=40, help="RL steps (at least 20: two 10-step windows)")
     p.add_argument("--actor-lr", type=float, default=2e-4, help="actor Adam learning rate")
     p.add_argument("--critic-mini-batch", type=int, default=64, help="critic mini-batch in responses")
     p.add_argument("--seeds", default="0,1,2", help="comma list of seeds")
