@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from verl_group_ppo.cpu import prepare as prep
+from verl_group_ppo.config import GroupParams
 from verl_group_ppo.cpu.reward import compute_score, data_source_for, task_for
 from verl_group_ppo.demo.tasks import make_task, split_problems
 
@@ -34,6 +35,8 @@ REPO = Path(__file__).resolve().parents[1]
 LAUNCHER = REPO / "examples" / "cpu" / "common.sh"
 # the tiny model, briefly warm-started: these runs check plumbing, not learning
 TINY = prep.PrepareSettings(model_size="tiny", warmstart_steps=60, n_train=2000, n_test=64)
+# the threshold every run starts from (the launchers leave group_params at the package defaults)
+TAU_0 = GroupParams().group_variance_threshold
 
 
 def _load_summarize_log():
@@ -247,11 +250,11 @@ def test_group_ppo_saves_at_step_2_and_resumes_to_step_3_with_its_threshold(tiny
     first = run_main_ppo(tiny_task, "group_ppo", *common, f"trainer.rollout_data_dir={rollouts}")
     assert_trained(first, [1, 2], critic=True)
     _assert_groups_dump_renders(rollouts, tmp_path / "groups.html")
-    assert first[1]["group/threshold"] == pytest.approx(1.0)  # the configured tau_0
+    assert first[1]["group/threshold"] == pytest.approx(TAU_0)
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
     state = json.loads((ckpt / "global_step_2" / "group_ppo_state.json").read_text())
     saved_tau = state["threshold_state"]["threshold"]
-    assert saved_tau != pytest.approx(1.0), "the adaptive threshold did not move: the resume check would be blind"
+    assert saved_tau != pytest.approx(TAU_0), "the adaptive threshold did not move: the resume check would be blind"
 
     resumed = run_main_ppo(tiny_task, "group_ppo", *common, "trainer.resume_mode=auto",
                            "trainer.total_training_steps=3", "++algorithm.group_params.critic_loss_on=all_tokens")
@@ -267,8 +270,8 @@ def test_group_ppo_trains_in_verls_colocate_async_mode(tiny_task, tmp_path):
     steps = run_main_ppo(tiny_task, "group_ppo", "trainer.v1.trainer_mode=colocate_async",
                          f"trainer.default_local_dir={tmp_path / 'ckpt'}")
     assert_trained(steps, [1, 2], critic=True)
-    assert steps[1]["group/threshold"] == pytest.approx(1.0)
-    assert steps[2]["group/threshold"] != pytest.approx(1.0)
+    assert steps[1]["group/threshold"] == pytest.approx(TAU_0)
+    assert steps[2]["group/threshold"] != pytest.approx(TAU_0)
     assert (tmp_path / "ckpt" / "global_step_2" / "group_ppo_state.json").is_file()
 
 

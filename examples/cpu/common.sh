@@ -13,7 +13,7 @@
 # Environment:
 #   WORK_DIR  the tiny task's directory (default runs/cpu-tiny under the repository root); when
 #             WORK_DIR/model/prepare.json is missing, `python -m verl_group_ppo.cpu.prepare` builds
-#             WORK_DIR/model and WORK_DIR/data/{train,test}.parquet there first (about 4 min)
+#             WORK_DIR/model and WORK_DIR/data/{train,test}.parquet there first (about 3-4 min)
 #   PYTHON    interpreter with verl and verl-group-ppo (default: the repository's .venv/bin/python
 #             when present, else python3)
 #   NICE      nice level of the run (default 5: the run yields to interactive work)
@@ -65,8 +65,8 @@ export WANDB_MODE=${WANDB_MODE:-disabled} HYDRA_FULL_ERROR=1 RAY_DEDUP_LOGS=0
 # Per step: 32 prompts x 4 responses = 128 responses; one actor update per step, 2 critic updates of 64.
 # Micro-batches (responses) must divide every mini-batch: 32 does for any batch of 8k prompts x 4.
 # 40 steps: on the model `prepare` builds (the demo's small model), the demo's RL loop with this shape raised the
-# reward by +0.07 to +0.20 (first to last 10 of 40 steps; 3 warm-start seeds x 4 RL seeds), and verl by +0.09 in
-# one run; docs/cpu.md.
+# reward by +0.07 to +0.20 (first to last 10 of 40 steps; 3 warm-start seeds x 4 RL seeds), and verl by +0.052 to
+# +0.114 (three runs of these settings; run-to-run spread from how the rollout's batches form); docs/cpu.md.
 train_batch=32
 rollout_n=4
 micro_batch=32
