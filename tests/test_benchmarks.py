@@ -54,5 +54,5 @@ def test_tiny_learning_rejects_bad_arguments_before_loading_anything(argv, messa
 
 def test_tiny_learning_needs_a_prepared_work_dir(tmp_path):
     bench = _load("bench_cpu_tiny_learning")
-    with pytest.raises(SystemExit, match="prepare.json is missing; run python -m verl_group_ppo.cpu.prepare"):
+    with pytest.raises(SystemExit, match="prepare.json is missing; run python -m verl_group_ppo.tinytask.prepare"):
         bench.main(["--work-dir", str(tmp_path)])

@@ -1,4 +1,4 @@
-"""The tiny real task (``verl_group_ppo.cpu.prepare`` / ``.reward``) and verl's real ``main_ppo`` on CPU.
+"""The tiny real task (``verl_group_ppo.tinytask.prepare`` / ``.reward``) and verl's real ``main_ppo`` on CPU.
 
 Fast tests check the tokenizer, the verl rows, the reward and the cache. The ``slow`` tests run
 ``examples/cpu/common.sh`` (the launcher behind ``examples/cpu/run_tiny_*.sh``: verl's
@@ -26,10 +26,10 @@ from pathlib import Path
 
 import pytest
 
-from verl_group_ppo.cpu import prepare as prep
+from verl_group_ppo.tinytask import prepare as prep
 from verl_group_ppo.config import GroupParams
-from verl_group_ppo.cpu.reward import compute_score, data_source_for, task_for
-from verl_group_ppo.demo.tasks import make_task, split_problems
+from verl_group_ppo.tinytask.reward import compute_score, data_source_for, task_for
+from verl_group_ppo.tinytask.tasks import make_task, split_problems
 
 REPO = Path(__file__).resolve().parents[1]
 LAUNCHER = REPO / "examples" / "cpu" / "common.sh"

@@ -19,9 +19,9 @@ pytest.importorskip("reasoning_gym")
 from verl_group_ppo.demo import main  # noqa: E402
 from verl_group_ppo.demo.arms import ARMS  # noqa: E402
 from verl_group_ppo.demo.rl import RunConfig, run_one  # noqa: E402
-from verl_group_ppo.demo.tasks import ChainSumTask, ModChainTask, extract_answer, make_task, split_problems  # noqa: E402
-from verl_group_ppo.demo.tokenizer import CharTokenizer  # noqa: E402
-from verl_group_ppo.demo.warmstart import train_warmstart  # noqa: E402
+from verl_group_ppo.tinytask.tasks import ChainSumTask, ModChainTask, extract_answer, make_task, split_problems  # noqa: E402
+from verl_group_ppo.tinytask.tokenizer import CharTokenizer  # noqa: E402
+from verl_group_ppo.tinytask.warmstart import train_warmstart  # noqa: E402
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -110,7 +110,7 @@ def test_char_tokenizer_round_trip():
 
 
 def _chain_problem(task, expression, answer, solution):
-    from verl_group_ppo.demo.tasks import Problem
+    from verl_group_ppo.tinytask.tasks import Problem
 
     entry = {"question": f"... {expression} =", "answer": answer,
              "metadata": {"source_dataset": "chain_sum", "expression": expression}}
@@ -312,8 +312,8 @@ def test_terms_set_the_chain_length_and_the_response_length(name, terms):
 
 
 def test_terms_parsing_and_the_warmstart_cache_key():
-    from verl_group_ppo.demo.tasks import parse_terms
-    from verl_group_ppo.demo.warmstart import warmstart_key
+    from verl_group_ppo.tinytask.tasks import parse_terms
+    from verl_group_ppo.tinytask.warmstart import warmstart_key
 
     assert parse_terms("4-5") == (4, 5) and parse_terms("7") == (7, 7)
     for bad in ("5-4", "1-3", "a-b", "4-5-6", ""):

@@ -135,3 +135,75 @@ def test_mission_names_stay_importable(name):
     import verl_group_ppo.core_algos as core
 
     assert callable(getattr(core, name))
+
+
+def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    """Every module ``start`` imports, directly or through others (run-time imports included)."""
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        for nxt in graph.get(todo.pop(), ()):
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return seen
+
+
+def _in_package(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def test_reachable_follows_imports_transitively():
+    assert _reachable({"a": {"b"}, "b": {"c"}, "c": set(), "d": {"a"}}, "a") == {"b", "c"}
+
+
+def test_cpu_backend_imports_neither_demo_nor_tinytask():
+    graph = _import_graph()
+    for name in (m for m in graph if _in_package(m, "verl_group_ppo.cpu")):
+        bad = {m for m in _reachable(graph, name)
+               if _in_package(m, "verl_group_ppo.demo") or _in_package(m, "verl_group_ppo.tinytask")}
+        assert not bad, f"{name} imports {sorted(bad)}"
+
+
+def test_tinytask_imports_nothing_of_the_demo_or_the_cpu_backend():
+    graph = _import_graph()
+    for name in (m for m in graph if _in_package(m, "verl_group_ppo.tinytask")):
+        bad = {m for m in _reachable(graph, name)
+               if _in_package(m, "verl_group_ppo.demo") or _in_package(m, "verl_group_ppo.cpu")}
+        assert not bad, f"{name} imports {sorted(bad)}"
+
+
+def test_demo_package_imports_no_submodule_at_import_time():
+    """``import verl_group_ppo.demo`` loads nothing else: its top-level statements import no module of ours."""
+    tree = _sources()["verl_group_ppo.demo"]
+    top_level = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
+    ours = [ast.unparse(node) for node in top_level
+            if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("verl_group_ppo"))]
+    ours += [ast.unparse(node) for node in top_level if isinstance(node, ast.Import)
+             and any(alias.name.startswith("verl_group_ppo") for alias in node.names)]
+    assert ours == []
+
+
+def _modules_loaded_by(statement: str) -> set[str]:
+    """The ``verl_group_ppo`` modules a fresh interpreter holds after running ``statement``."""
+    import subprocess
+    import sys
+
+    code = f"import sys\n{statement}\nprint('\\n'.join(m for m in sys.modules if m.startswith('verl_group_ppo')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         cwd=PACKAGE.parent, check=True).stdout
+    return set(out.split())
+
+
+@pytest.mark.slow
+def test_importing_the_demo_loads_not_its_command_line():
+    loaded = _modules_loaded_by("import verl_group_ppo.demo")
+    assert "verl_group_ppo.demo" in loaded
+    assert "verl_group_ppo.demo.cli" not in loaded
+
+
+@pytest.mark.slow
+def test_the_reward_function_loads_neither_the_demo_nor_the_cpu_backend():
+    loaded = _modules_loaded_by("from verl_group_ppo.tinytask.reward import compute_score")
+    assert "verl_group_ppo.tinytask.reward" in loaded
+    assert not {m for m in loaded if _in_package(m, "verl_group_ppo.demo") or _in_package(m, "verl_group_ppo.cpu")}

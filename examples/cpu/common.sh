@@ -12,7 +12,7 @@
 #
 # Environment:
 #   WORK_DIR  the tiny task's directory (default runs/cpu-tiny under the repository root); when
-#             WORK_DIR/model/prepare.json is missing, `python -m verl_group_ppo.cpu.prepare` builds
+#             WORK_DIR/model/prepare.json is missing, `python -m verl_group_ppo.tinytask.prepare` builds
 #             WORK_DIR/model and WORK_DIR/data/{train,test}.parquet there first (about 3-4 min)
 #   PYTHON    interpreter with verl and verl-group-ppo (default: the repository's .venv/bin/python
 #             when present, else python3)
@@ -52,7 +52,7 @@ if [ -z "${PYTHON:-}" ]; then
 fi
 
 if [ ! -f "$WORK_DIR/model/prepare.json" ]; then
-  "$PYTHON" -m verl_group_ppo.cpu.prepare --output-dir "$WORK_DIR"
+  "$PYTHON" -m verl_group_ppo.tinytask.prepare --output-dir "$WORK_DIR"
 fi
 
 # The one switch: verl-group-ppo's plugin installs its CPU backend (platform, hf rollout, ...) in the
@@ -101,7 +101,7 @@ shared=(
   algorithm.gamma=1.0
   algorithm.lam=1.0
   algorithm.use_kl_in_reward=False
-  reward.custom_reward_function.path=pkg://verl_group_ppo.cpu.reward
+  reward.custom_reward_function.path=pkg://verl_group_ppo.tinytask.reward
   reward.custom_reward_function.name=compute_score
   reward.num_workers=1
   actor_rollout_ref.model.path="$WORK_DIR/model"

@@ -1,5 +1,18 @@
-"""CPU demo: train and compare GROUP-PPO, PPO (GAE) and GRPO. Run ``python -m verl_group_ppo.demo --quick``."""
+"""CPU demo: train and compare GROUP-PPO, PPO (GAE) and GRPO. Run ``python -m verl_group_ppo.demo --quick``.
 
-from .cli import build_parser, main
+Importing the package loads nothing else: :func:`main` imports the command line (:mod:`.cli`) when called.
+"""
 
-__all__ = ["build_parser", "main"]
+from __future__ import annotations
+
+from typing import Sequence
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m verl_group_ppo.demo`` and the ``verl-group-ppo-demo`` command (see :func:`.cli.main`)."""
+    from .cli import main as cli_main
+
+    return cli_main(argv)
+
+
+__all__ = ["main"]

@@ -134,9 +134,10 @@ def _worker_init(queue, ctx_blob: dict) -> None:
 
 
 def _worker_run(estimator: str, seed: int) -> dict:
+    from verl_group_ppo.tinytask.tasks import make_task
+    from verl_group_ppo.tinytask.tokenizer import CharTokenizer
+
     from .rl import run_one
-    from .tasks import make_task
-    from .tokenizer import CharTokenizer
 
     c = _CTX
     q = c.get("queue")
@@ -244,10 +245,10 @@ def setup_demo(opts: DemoOptions, cfg: RunConfig, device: str = "cpu", log=print
     under ``opts.output_dir/cache``), with its eval accuracies. ``opts.output_dir`` must be set."""
     from tqdm.auto import tqdm
 
-    from .rl import evaluate
-    from .tasks import make_task, parse_terms, split_problems
-    from .tokenizer import CharTokenizer
-    from .warmstart import load_or_train_warmstart
+    from verl_group_ppo.tinytask.evaluation import evaluate
+    from verl_group_ppo.tinytask.tasks import make_task, parse_terms, split_problems
+    from verl_group_ppo.tinytask.tokenizer import CharTokenizer
+    from verl_group_ppo.tinytask.warmstart import load_or_train_warmstart
 
     terms = parse_terms(opts.terms) if opts.terms else None
     task = make_task(opts.task, terms)

@@ -22,11 +22,13 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
+from verl_group_ppo.tinytask.evaluation import evaluate, rewards_for
+from verl_group_ppo.tinytask.model import Rollout, build_critic, critic_values, log_probs_and_entropy, sample
+from verl_group_ppo.tinytask.tasks import Problem, Task
+from verl_group_ppo.tinytask.tokenizer import CharTokenizer
+
 from .arms import BOUNDARIES, AdvantageInputs, Advantages, Arm, get_arm
-from .model import Rollout, build_critic, critic_values, log_probs_and_entropy, sample
 from .options import option
-from .tasks import Problem, Task
-from .tokenizer import CharTokenizer
 
 
 @dataclass
@@ -94,44 +96,6 @@ def set_seed(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def rewards_for(task: Task, tok: CharTokenizer, rollout: Rollout, problems: list[Problem]):
-    """Exact verifier -> (rewards (B, T) with the score at the last valid token, scores, texts).
-
-    Responses cut off without EOS score 0."""
-    B, T = rollout.responses.shape
-    rewards = torch.zeros((B, T), dtype=torch.float32, device=rollout.responses.device)
-    scores, texts = [], []
-    resp = rollout.responses.tolist()
-    lengths = rollout.response_mask.sum(-1).long().tolist()
-    for b in range(B):
-        text = tok.decode(resp[b])
-        s = task.verify(text, problems[b]) if tok.eos_id in resp[b] else 0.0
-        scores.append(s)
-        texts.append(text)
-        if lengths[b] > 0:
-            rewards[b, lengths[b] - 1] = s
-    return rewards, scores, texts
-
-
-@torch.no_grad()
-def evaluate(policy, task: Task, tok: CharTokenizer, problems: list[Problem], response_len: int,
-             greedy: bool = True, samples: int = 1, seed: int = 0, batch_size: int = 1024) -> float:
-    """Accuracy on a held-out set: greedy decoding, or the mean verifier reward of ``samples`` responses
-    per prompt sampled at temperature 1 (a fixed generator, so two calls on the same weights agree)."""
-    from .warmstart import encode_prompt
-
-    gen = None if greedy else torch.Generator(device=next(policy.parameters()).device).manual_seed(seed)
-    items = [p for p in problems for _ in range(1 if greedy else samples)]
-    correct = 0.0
-    for i in range(0, len(items), batch_size):
-        chunk = items[i:i + batch_size]
-        r = sample(policy, [encode_prompt(tok, p) for p in chunk], response_len, tok.pad_id, tok.eos_id,
-                   greedy=greedy, generator=gen)
-        _, scores, _ = rewards_for(task, tok, r, chunk)
-        correct += sum(scores)
-    return correct / max(1, len(items))
-
-
 def _masked_stats(x: torch.Tensor, mask: torch.Tensor) -> tuple[float, float]:
     sel = x[mask.bool()]
     if sel.numel() == 0:
@@ -183,7 +147,7 @@ def build_learner(arm: Arm, seed: int, cfg: RunConfig, tok: CharTokenizer, init_
     from verl_group_ppo.config import read_algorithm_settings
     from verl_group_ppo.core_algos import AdaptiveThreshold
 
-    from .model import build_policy
+    from verl_group_ppo.tinytask.model import build_policy
 
     set_seed(seed)
     settings = read_algorithm_settings(cfg.algorithm_config(arm))
@@ -206,7 +170,7 @@ def build_learner(arm: Arm, seed: int, cfg: RunConfig, tok: CharTokenizer, init_
 
 def collect(learner: Learner, cfg: RunConfig, task: Task, tok: CharTokenizer, train: list[Problem]) -> StepBatch:
     """Draw ``prompts_per_step`` prompts, sample ``n_samples`` responses each, verify, score old log-probs/values."""
-    from .warmstart import encode_prompt
+    from verl_group_ppo.tinytask.warmstart import encode_prompt
 
     pidx = learner.prompt_rng.choice(len(train), size=cfg.prompts_per_step, replace=False)
     problems = [train[i] for i in pidx for _ in range(cfg.n_samples)]

@@ -3,13 +3,13 @@
 verl's reward loop calls ``compute_score(data_source, solution_str, ground_truth, extra_info)`` for every
 response when the run sets::
 
-    reward.custom_reward_function.path=pkg://verl_group_ppo.cpu.reward
+    reward.custom_reward_function.path=pkg://verl_group_ppo.tinytask.reward
     reward.custom_reward_function.name=compute_score
 
-The score is the demo's exact verifier (:meth:`verl_group_ppo.demo.tasks.Task.verify`): 1.0 when the response
+The score is the task's exact verifier (:meth:`verl_group_ppo.tinytask.tasks.Task.verify`): 1.0 when the response
 is the correct running totals followed by ``#<answer>``, else 0.0. The task is named by the row's
 ``data_source`` (``verl_group_ppo/chain_sum``); the problem is rebuilt from the row written by
-:mod:`verl_group_ppo.cpu.prepare` (``reward_model.ground_truth`` and ``extra_info``).
+:mod:`verl_group_ppo.tinytask.prepare` (``reward_model.ground_truth`` and ``extra_info``).
 
 One difference from the demo: verl hands over the decoded text only (special tokens skipped), so a response
 cut off at ``data.max_response_length`` without EOS is scored on its text; the demo scores it 0. A cut-off
@@ -22,7 +22,7 @@ import json
 from functools import lru_cache
 from typing import Any
 
-from ..demo.tasks import TASKS, Problem, Task, make_task
+from .tasks import TASKS, Problem, Task, make_task
 
 DATA_SOURCE_PREFIX = "verl_group_ppo/"
 
@@ -36,7 +36,7 @@ def data_source_for(task_name: str) -> str:
 
 @lru_cache(maxsize=None)
 def task_for(data_source: str) -> Task:
-    """The demo task a ``data_source`` names; ValueError for any other data source."""
+    """The task a ``data_source`` names; ValueError for any other data source."""
     name = data_source[len(DATA_SOURCE_PREFIX):] if data_source.startswith(DATA_SOURCE_PREFIX) else None
     if name not in TASKS:
         raise ValueError(f"data_source: {data_source!r} is not a task of verl_group_ppo; expected one of "
@@ -45,17 +45,17 @@ def task_for(data_source: str) -> Task:
 
 
 def problem_from_row(ground_truth: str, extra_info: dict[str, Any]) -> Problem:
-    """Rebuild the demo ``Problem`` from a row's ``reward_model.ground_truth`` and ``extra_info``."""
+    """Rebuild the ``Problem`` from a row's ``reward_model.ground_truth`` and ``extra_info``."""
     missing = [k for k in ("prompt", "solution", "entry_json") if k not in extra_info]
     if missing:
-        raise ValueError(f"extra_info: missing {missing} (rows are written by verl_group_ppo.cpu.prepare)")
+        raise ValueError(f"extra_info: missing {missing} (rows are written by verl_group_ppo.tinytask.prepare)")
     return Problem(prompt=extra_info["prompt"], answer=str(ground_truth), solution=extra_info["solution"],
                    entry=json.loads(extra_info["entry_json"]))
 
 
 def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None,
                   **kwargs: Any) -> float:
-    """verl's custom reward function: the demo's exact verifier, 1.0 or 0.0."""
+    """verl's custom reward function: the task's exact verifier, 1.0 or 0.0."""
     if extra_info is None:
         raise ValueError("extra_info: verl passed none; the tiny task's rows carry the problem there")
     return float(task_for(data_source).verify(solution_str, problem_from_row(ground_truth, extra_info)))

@@ -1,4 +1,4 @@
-"""Offline tasks with exact verifiers for the demo.
+"""Offline tasks with exact verifiers (the demo's and the CPU ``main_ppo`` runs' tiny task).
 
 Every task yields problems as ``Problem(prompt, answer, solution, entry)``:
 
@@ -79,7 +79,7 @@ class Task:
     def noisy_solution(self, problem: Problem, rng: random.Random, slip_prob: float) -> str:
         """A worked solution in which each intermediate step slips with probability ``slip_prob``.
 
-        Used only by the warm start (see :mod:`verl_group_ppo.demo.warmstart`). Default: no slips.
+        Used only by the warm start (see :mod:`verl_group_ppo.tinytask.warmstart`). Default: no slips.
         """
         return problem.solution
 

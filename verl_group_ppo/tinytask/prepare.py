@@ -1,21 +1,21 @@
 """Build the tiny real task for verl's ``main_ppo`` on CPU: a warm-started model and verl-format data.
 
-    python -m verl_group_ppo.cpu.prepare --output-dir DIR
+    python -m verl_group_ppo.tinytask.prepare --output-dir DIR
 
 writes
 
 * ``DIR/model``: an HF Qwen2-architecture causal LM (the demo's ``small`` config) with a byte-level BPE
   tokenizer (``vocab.json``, ``merges.txt``, ``tokenizer.json``; transformers loads it as ``Qwen2Tokenizer``)
   trained locally on the task's text, a ChatML chat template, EOS ``<|im_end|>`` and pad ``<|endoftext|>``.
-  Its weights are the demo's supervised warm start (:func:`verl_group_ppo.demo.warmstart.train_warmstart`)
+  Its weights are the task's supervised warm start (:func:`verl_group_ppo.tinytask.warmstart.train_warmstart`)
   on chat-templated prompts: a noisy reasoner that solves some problems when sampled, so RL has room to rise;
 * ``DIR/data/train.parquet``, ``DIR/data/test.parquet``: verl's row format (``data_source``, ``prompt`` as
   chat messages, ``ability``, ``reward_model.ground_truth``, ``extra_info``) for the demo's ``chain_sum``
-  task; verl scores them with :func:`verl_group_ppo.cpu.reward.compute_score` (the demo's exact verifier);
+  task; verl scores them with :func:`verl_group_ppo.tinytask.reward.compute_score` (the task's exact verifier);
 * ``DIR/model/prepare.json``: the settings the model was built with and what the warm start measured.
 
-The task, the problem split and the warm start are the demo's own code (:mod:`verl_group_ppo.demo`). A
-second call with the same settings finds ``prepare.json`` and does nothing.
+The task, the problem split and the warm start are the ones the demo trains on (:mod:`verl_group_ppo.tinytask`).
+A second call with the same settings finds ``prepare.json`` and does nothing.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ import time
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Callable, Sequence
 
-from ..demo.tasks import Problem, Task, make_task, split_problems
 from .reward import data_source_for
+from .tasks import Problem, Task, make_task, split_problems
 
 FORMAT_VERSION = 1
 PAD_TOKEN, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
@@ -186,10 +186,10 @@ class PrintProgress:
 
 def warm_start(settings: PrepareSettings, task: Task, tok: ChatTokenizer, train: list[Problem],
                log: Callable[[str], None]):
-    """The demo's supervised warm start on chat-templated prompts. Returns (policy, final loss)."""
+    """The supervised warm start on chat-templated prompts. Returns (policy, final loss)."""
     import torch
 
-    from ..demo.warmstart import train_warmstart
+    from .warmstart import train_warmstart
 
     policy, losses = train_warmstart(
         task, tok, train, settings.model_size, settings.warmstart_steps, settings.warmstart_batch_size,
@@ -199,8 +199,9 @@ def warm_start(settings: PrepareSettings, task: Task, tok: ChatTokenizer, train:
 
 
 def sampled_accuracy(policy, task: Task, tok: ChatTokenizer, problems: list[Problem], response_length: int) -> dict:
-    """The demo's evaluation: mean verifier reward of 2 samples per prompt (temperature 1), and greedy."""
-    from ..demo.rl import evaluate
+    """The demo's evaluation (:func:`.evaluation.evaluate`): mean verifier reward of 2 samples per prompt
+    (temperature 1), and greedy."""
+    from .evaluation import evaluate
 
     return {"sampled": evaluate(policy, task, tok, problems, response_length, greedy=False, samples=2),
             "greedy": evaluate(policy, task, tok, problems, response_length, greedy=True)}
@@ -280,7 +281,8 @@ def write_outputs(output_dir: str, policy, tok: ChatTokenizer, vocab, merges, ta
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m verl_group_ppo.cpu.prepare", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m verl_group_ppo.tinytask.prepare",
+                                description=__doc__.split("\n\n")[0])
     p.add_argument("--output-dir", required=True, help="where model/ and data/ are written")
     defaults = PrepareSettings()
     for f in fields(PrepareSettings):

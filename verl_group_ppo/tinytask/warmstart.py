@@ -24,7 +24,7 @@ from .tokenizer import CharTokenizer
 
 def encode_prompt(tok: CharTokenizer, p: Problem) -> list[int]:
     """The ids the policy is conditioned on: BOS + the prompt, or ``tok.encode_prompt(prompt)`` when the
-    tokenizer defines it (the chat-templated tokenizer of :mod:`verl_group_ppo.cpu.prepare`)."""
+    tokenizer defines it (the chat-templated tokenizer of :mod:`verl_group_ppo.tinytask.prepare`)."""
     own = getattr(tok, "encode_prompt", None)
     return own(p.prompt) if own is not None else [tok.bos_id] + tok.encode(p.prompt)
 
