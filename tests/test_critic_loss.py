@@ -14,10 +14,11 @@ from verl.utils import tensordict_utils as tu
 from verl.workers.config import CriticConfig
 from verl.workers.utils.losses import value_loss
 from verl.workers.utils.padding import no_padding_2_padding
+from verl_group_ppo.config import read_algorithm_settings
+from verl_group_ppo.core_algos import boundary_loss_weights, compute_group_ppo_outputs
 from verl_group_ppo.integration.critic_loss import (
     CRITIC_WEIGHTS_KEY,
     BoundaryLossConfig,
-    boundary_loss_weights,
     boundary_value_loss,
     make_critic_loss_fn,
 )
@@ -99,6 +100,33 @@ def test_weights_count_loss_mask_tokens():
     assert weights.dtype == torch.float32
     assert torch.equal(weights, critic_mask * (7 / 3))
     assert torch.equal(boundary_loss_weights(torch.zeros(2, 4), loss_mask), torch.zeros(2, 4))
+
+
+def test_weights_count_the_mask_given_not_the_response_mask():
+    # Rejection sampling zeroes response_mask tokens but leaves loss_mask: the core's weights count
+    # response_mask, the trainer's the loss_mask it is given; both from the same function.
+    g = torch.Generator().manual_seed(3)
+    loss_mask = torch.ones(4, 6)
+    response_mask = loss_mask.clone()
+    response_mask[1, 3:] = 0
+    response_mask[3] = 0  # a rejected response
+    rewards, values = torch.randn(4, 6, generator=g), torch.randn(4, 6, generator=g)
+    out = compute_group_ppo_outputs(rewards, response_mask, values=values,
+                                    settings=read_algorithm_settings({"group_params": {"group_max_size": 2}}))
+    n_boundary = int(out.critic_mask.sum())
+    assert torch.equal(out.critic_loss_weights, out.critic_mask * (int(response_mask.sum()) / n_boundary))
+    trainer_weights = boundary_loss_weights(out.critic_mask, loss_mask)
+    assert torch.equal(trainer_weights, out.critic_mask * (24 / n_boundary))
+    assert not torch.equal(trainer_weights, out.critic_loss_weights)
+
+
+def test_weights_reject_bad_masks():
+    with pytest.raises(ValueError, match="count_mask must have the shape of critic_mask"):
+        boundary_loss_weights(torch.zeros(2, 4), torch.ones(2, 3))
+    with pytest.raises(ValueError, match="critic_mask must contain only 0 and 1"):
+        boundary_loss_weights(torch.full((2, 4), 0.5), torch.ones(2, 4))
+    with pytest.raises(ValueError, match="count_mask must be a 2-D tensor"):
+        boundary_loss_weights(torch.zeros(2, 4), [1, 1])
 
 
 def test_weights_stay_float32_under_bf16_predictions():

@@ -12,7 +12,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "verl_group_ppo"
 MAX_FUNCTION_LINES = 60
-CORE_MODULES = ("verl_group_ppo.core_algos", "verl_group_ppo.config")
+CORE_MODULES = ("verl_group_ppo.core_algos", "verl_group_ppo.config", "verl_group_ppo.metrics")
 
 
 def _module_name(path: Path) -> str:

@@ -8,6 +8,8 @@ Where a token's advantage comes from: :func:`compute_group_ppo_outputs` runs ste
 :func:`_td_residuals` (1), :func:`_group_ends` (2), :func:`endpoints_to_group_ids` (3),
 :func:`_segment_gae_` and :func:`_broadcast_from_starts_` (4), :func:`create_critic_endpoint_mask` (5),
 :func:`_normalize_advantages_` (6); :class:`AdaptiveThreshold` then moves tau for the next batch.
+:func:`boundary_loss_weights` gives step 7's critic-loss weights. The ``group/*`` metrics are computed in
+:mod:`verl_group_ppo.metrics`; the settings and their defaults live in :mod:`verl_group_ppo.config`.
 
 Conventions (verl's): tensors are (B, T) = (batch, response length); ``response_mask`` is 0/1 and may
 have holes (multi-turn tool observations); ``values[b, t]`` is the critic's value of the state before
@@ -32,10 +34,12 @@ import numpy as np
 import torch
 
 from verl_group_ppo.config import AlgorithmSettings, GroupParams, check_threshold, read_algorithm_settings
+from verl_group_ppo.metrics import group_metrics, probability_metrics, sum_of_squares
 
 __all__ = [
     "AdaptiveThreshold",
     "GroupPPOOutputs",
+    "boundary_loss_weights",
     "compute_group_advantage",
     "compute_group_ppo_outputs",
     "create_critic_endpoint_mask",
@@ -62,7 +66,8 @@ class GroupPPOOutputs:
         group_ids: long, 1-based group index within each response.
         endpoint_mask: bool, True at each group's last valid token.
         critic_mask: float 0/1, one 1 per group at its value slot (the group's first valid token).
-        critic_loss_weights: float, ``N_valid / N_boundary`` at critic-mask positions (step 7).
+        critic_loss_weights: float, ``N_valid / N_boundary`` at critic-mask positions (step 7,
+            :func:`boundary_loss_weights` counting ``response_mask``).
         threshold: the variance threshold tau used for this batch.
         boundary_explained_variance: :func:`explained_variance` at the critic-mask positions (NaN without any).
         mean_group_size: valid tokens per group over the batch (NaN without any group).
@@ -145,16 +150,16 @@ def compute_group_ppo_outputs(
     sizes = torch.nonzero(endpoint_mask.reshape(-1)).squeeze(1) - first + 1  # groups never span a hole
     mean_size = batch.n_valid / len(sizes) if len(sizes) else math.nan
     ev = _explained_variance_at(segments.returns, values, first, settings.group.group_epsilon)
-    metrics = _group_metrics(settings, batch, segments.advantages, sizes, tau, ev)
+    metrics = group_metrics(settings, batch.valid_bt, batch.n_valid, segments.advantages, sizes, tau, ev)
     if old_log_probs is not None and settings.group.boundary_rule == "low_prob":
-        metrics.update(_probability_metrics(old_log_probs, batch.valid_bt, endpoint_mask, critic_mask.bool()))
+        metrics.update(probability_metrics(old_log_probs, batch.valid_bt, endpoint_mask, critic_mask.bool()))
     return GroupPPOOutputs(
         advantages=segments.advantages,
         returns=segments.returns,
         group_ids=group_ids,
         endpoint_mask=endpoint_mask,
         critic_mask=critic_mask,
-        critic_loss_weights=critic_mask * (batch.n_valid / len(sizes)) if len(sizes) else critic_mask.clone(),
+        critic_loss_weights=boundary_loss_weights(critic_mask, batch.valid_bt, dtype=critic_mask.dtype),
         threshold=tau,
         boundary_explained_variance=ev,
         mean_group_size=mean_size,
@@ -244,6 +249,34 @@ def create_critic_endpoint_mask(response_mask: torch.Tensor, group_ids: torch.Te
     first[:, 1:].logical_and_(group_ids[:, 1:] != group_ids[:, :-1])
     dtype = response_mask.dtype if response_mask.is_floating_point() else torch.float32
     return first.to(dtype)
+
+
+def boundary_loss_weights(critic_mask: torch.Tensor, count_mask: torch.Tensor, *,
+                          dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Step 7's per-position critic-loss weights: ``N / N_boundary`` where ``critic_mask`` is 1, 0 elsewhere.
+
+    N counts the 1s of ``count_mask`` over the whole batch and N_boundary those of ``critic_mask``, so a
+    token-mean over N tokens of ``loss * weights`` is the mean loss over boundary positions. The core
+    counts ``response_mask`` (:attr:`GroupPPOOutputs.critic_loss_weights`); the verl trainer counts verl's
+    ``loss_mask``, the count verl's engines divide by (see :mod:`verl_group_ppo.integration.critic_loss`).
+
+    Args:
+        critic_mask: (B, T) 0/1, one 1 per group (:func:`create_critic_endpoint_mask`).
+        count_mask: (B, T) 0/1, the mask whose 1s are N.
+        dtype: the weights' dtype (float32 by default: bf16 would round them).
+
+    Returns:
+        (B, T) weights in ``dtype``; all 0 when ``critic_mask`` has no 1.
+    """
+    boundary, counted = _check_mask(critic_mask, "critic_mask"), _check_mask(count_mask, "count_mask")
+    if counted.shape != boundary.shape:
+        raise ValueError(f"count_mask must have the shape of critic_mask {tuple(boundary.shape)}, "
+                         f"got {tuple(counted.shape)}")
+    weights = boundary.to(dtype)
+    n_boundary = int(torch.count_nonzero(boundary))
+    if n_boundary == 0:
+        return weights
+    return weights.mul_(int(torch.count_nonzero(counted)) / n_boundary)
 
 
 def explained_variance(returns: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, *, eps: float = 1e-6) -> float:
@@ -429,7 +462,7 @@ def _td_residuals(batch: _Batch, gamma: float) -> torch.Tensor:
         delta.mul_(gamma)
     # (r + gamma * V_next) - V, in the order of verl's GAE and the reference; junk at masked positions -> 0.
     delta.add_(batch.rewards_tm).sub_(values).masked_fill_(batch.invalid_tm, 0.0)
-    if not math.isfinite(_sum_of_squares(delta)):
+    if not math.isfinite(sum_of_squares(delta)):
         _check_finite_at_valid(batch.rewards_tm.masked_fill(batch.invalid_tm, 0.0), "token_level_rewards")
         _check_finite_at_valid(values.masked_fill(batch.invalid_tm, 0.0), "values")
     return delta
@@ -453,7 +486,7 @@ def _group_ends(delta_tm: torch.Tensor, batch: _Batch, params: GroupParams, tau:
     inc = torch.empty((T, 2, B), dtype=delta_tm.dtype, device=delta_tm.device)
     if rule == "variance":
         torch.mul(delta_tm, delta_tm, out=inc[:, 0])
-        sigma2 = _sum_of_squares(delta_tm) / batch.n_valid
+        sigma2 = sum_of_squares(delta_tm) / batch.n_valid
         limit = tau * (sigma2 + params.group_epsilon)
     else:
         inc[:, 0].zero_()
@@ -540,7 +573,7 @@ def _normalize_advantages_(x, invalid_tm, n_valid: int, groups: Optional[_Groups
             return
         mean = x.sum() / (n + 1e-8)
         x.sub_(mean).masked_fill_(invalid_tm, 0.0)
-        var = _sum_of_squares(x) / (n + 1e-8) * (n / (n - 1))
+        var = sum_of_squares(x) / (n + 1e-8) * (n / (n - 1))
         x.mul_(1.0 / math.sqrt(var + 1e-8)).masked_fill_(invalid_tm, 0.0)
         return
     # prompt: statistics over group advantages, one per group
@@ -574,80 +607,6 @@ def _explained_variance_at(returns: torch.Tensor, values: torch.Tensor, flat_ind
     error = target - values.reshape(-1)[flat_index].double()
     ev = 1.0 - error.var(correction=0) / (target.var(correction=0) + eps)
     return float(ev.clamp(-1.0, 1.0))
-
-
-def _integer_quantiles(x: torch.Tensor, qs: Sequence[float]) -> list[float]:
-    """``torch.quantile(x, qs)`` (linear interpolation) for a non-empty (N,) tensor of small non-negative
-    integers, through a histogram instead of a sort."""
-    cumulative = torch.cumsum(torch.bincount(x), 0)
-    n = int(cumulative[-1])
-    out = []
-    for q in qs:
-        rank = q * (n - 1)
-        low, high = (torch.searchsorted(cumulative, torch.tensor([math.floor(rank), math.ceil(rank)]), right=True)
-                     .tolist())
-        out.append(low + (high - low) * (rank - math.floor(rank)))
-    return out
-
-
-def _group_metrics(settings: AlgorithmSettings, batch: _Batch, advantages: torch.Tensor, sizes: torch.Tensor,
-                   tau: float, ev: float) -> dict[str, float]:
-    """The ``group/*`` metrics (docs/configuration.md lists them). ``advantages`` (B, T), 0 at masked positions."""
-    n_valid, n_groups = batch.n_valid, len(sizes)
-    n_responses = int(torch.count_nonzero(batch.valid_bt.any(dim=1)))
-    quantiles = _integer_quantiles(sizes, (0.5, 0.9)) if n_groups else [0.0, 0.0]
-    metrics = {
-        "group/num_groups": float(n_groups),
-        "group/mean_group_size": n_valid / n_groups if n_groups else 0.0,
-        "group/max_group_size": float(sizes.max()) if n_groups else 0.0,
-        "group/size_p50": quantiles[0],
-        "group/size_p90": quantiles[1],
-        "group/groups_per_response": n_groups / n_responses if n_responses else 0.0,
-        "group/compression_ratio": 1.0 - n_groups / n_valid if n_valid else 0.0,
-        "group/threshold": float(tau),
-        "group/boundary_explained_variance": ev,
-        "group/policy_lam": settings.policy_lam,
-        "group/critic_lam": settings.critic_lam,
-    }
-    metrics.update(_advantage_metrics(advantages, batch.valid_bt, n_valid))
-    return metrics
-
-
-def _advantage_metrics(advantages: torch.Tensor, valid: torch.Tensor, n_valid: int) -> dict[str, float]:
-    """Mean, std, min and max of the advantages over valid positions (0 each for an empty batch)."""
-    if not n_valid:
-        return {f"group/advantage_{k}": 0.0 for k in ("mean", "std", "min", "max")}
-    mean = float(advantages.sum(dtype=torch.float64)) / n_valid
-    std = max(_sum_of_squares(advantages) / n_valid - mean**2, 0.0) ** 0.5
-    low, high = _min_max_at(advantages, valid, n_valid)
-    return {"group/advantage_mean": mean, "group/advantage_std": std, "group/advantage_min": low,
-            "group/advantage_max": high}
-
-
-def _probability_metrics(old_log_probs: torch.Tensor, valid: torch.Tensor, endpoints: torch.Tensor,
-                         starts: torch.Tensor) -> dict[str, float]:
-    """Mean old-policy probability at group endpoints, at group starts, and at the other valid tokens
-    (for rules that read old log-probs). All arguments (B, T); NaN for an empty selection."""
-    probs = old_log_probs.double().exp()
-
-    def mean_at(sel: torch.Tensor) -> float:
-        return float(probs[sel].mean()) if bool(sel.any()) else math.nan
-
-    return {"group/prob_at_endpoints": mean_at(endpoints),
-            "group/prob_at_group_starts": mean_at(starts),
-            "group/prob_elsewhere": mean_at(valid & ~endpoints & ~starts)}
-
-
-def _min_max_at(x: torch.Tensor, valid: torch.Tensor, n_valid: int) -> tuple[float, float]:
-    """Min and max of ``x`` over valid positions, where ``x`` is 0 at masked ones.
-
-    The unmasked min/max is exact unless it is the 0 of a masked position; only then mask explicitly.
-    """
-    low, high = (float(v) for v in torch.aminmax(x))
-    if n_valid < x.numel() and (low == 0.0 or high == 0.0):
-        selected = x[valid]
-        low, high = float(selected.min()), float(selected.max())
-    return low, high
 
 
 # ==================================================================================================
@@ -705,11 +664,6 @@ def _index_ids(index: IndexLike, batch_size: int) -> np.ndarray:
     except TypeError as err:
         raise ValueError(f"index must hold comparable prompt ids (all str or all int): {err}") from None
     return inverse.reshape(-1).astype(np.int64)
-
-
-def _sum_of_squares(x: torch.Tensor) -> float:
-    """Sum of ``x**2`` as a Python float (``vector_norm``: fast at every size, unlike ``torch.dot`` on CPU)."""
-    return float(torch.linalg.vector_norm(x)) ** 2
 
 
 def _scalar(value: float, like: torch.Tensor) -> torch.Tensor:

@@ -4,11 +4,13 @@ verl's critic worker group calls ``loss_fn(model_output, data=micro_batch)`` wit
 time; the trainer installs it with ``critic_wg.set_loss_fn`` (see :mod:`verl_group_ppo.integration.trainer`).
 
 ``critic_loss_on: boundaries`` (default): verl's clipped value loss, ``compute_value_loss``, with the
-per-token weights ``critic_loss_weights`` as its mask. The advantage step stores them (see
-:func:`boundary_loss_weights`): N / N_boundary at each group's value slot, 0 elsewhere, where N counts the
-batch's ``loss_mask`` tokens, which is what verl's engines divide by (``batch_num_tokens``), so the loss
-is the mean over boundary positions when the mini-batch is the whole batch, rollout-correction
-rejection included, and it does not depend on the micro-batch split or the data-parallel size. A
+per-token weights ``critic_loss_weights`` as its mask. The advantage step stores them
+(:func:`verl_group_ppo.core_algos.boundary_loss_weights` with verl's ``loss_mask``): N / N_boundary at each
+group's value slot, 0 elsewhere, where N counts the batch's ``loss_mask`` tokens, which is what verl's
+engines divide by (``batch_num_tokens``), so the loss is the mean over boundary positions when the
+mini-batch is the whole batch, and it does not depend on the micro-batch split or the data-parallel size.
+Rollout-correction rejection rewrites only ``response_mask``, not ``loss_mask``: counting
+``response_mask`` would scale the loss by kept / all tokens. A
 position is a boundary position exactly when its weight is > 0. A micro-batch without boundary
 positions contributes exactly 0. The weights stay float32 whatever the prediction dtype (bf16 would
 round them by up to 2e-3).
@@ -50,25 +52,6 @@ class BoundaryLossConfig:
         """From verl's ``critic`` config: a DictConfig, a mapping or a ``CriticConfig``."""
         return cls(cliprange_value=float(select(critic, "cliprange_value", 0.5)),
                    loss_agg_mode=str(select(critic, "loss_agg_mode", "token-mean")))
-
-
-def boundary_loss_weights(critic_mask: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
-    """Step 7's (docs/algorithm.md) per-position critic-loss weights, counted the way verl's token-mean divides.
-
-    N / N_boundary at each boundary position (``critic_mask`` 1), 0 elsewhere, as float32, where N is the
-    ``loss_mask`` count of the whole batch: verl's engines divide the summed loss by the ``loss_mask``
-    count (``batch_num_tokens``), which rollout-correction rejection does not rewrite (it rewrites only
-    ``response_mask``), so counting ``response_mask`` would scale the loss by kept / all tokens.
-
-    Args:
-        critic_mask: (B, T) 0/1, one 1 per group (the core's ``critic_mask``).
-        loss_mask: (B, T) 0/1, verl's ``loss_mask`` of the same batch.
-    """
-    mask = critic_mask.to(torch.float32)
-    n_boundary = int(mask.sum())
-    if n_boundary == 0:
-        return mask
-    return mask * (int(loss_mask.sum()) / n_boundary)
 
 
 def make_critic_loss_fn(critic_config: Any, critic_loss_on: str) -> Callable[..., Any]:
@@ -157,5 +140,4 @@ def _loss_metric_aggregation(data: TensorDict, dp_size: int) -> AggregationType:
     return AggregationType.MEAN
 
 
-__all__ = ["BoundaryLossConfig", "CRITIC_WEIGHTS_KEY", "boundary_value_loss", "make_critic_loss_fn",
-           "boundary_loss_weights"]
+__all__ = ["BoundaryLossConfig", "CRITIC_WEIGHTS_KEY", "boundary_value_loss", "make_critic_loss_fn"]

@@ -40,10 +40,10 @@ from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.workers.utils.padding import response_to_nested
 
 from verl_group_ppo.config import AlgorithmSettings, read_algorithm_settings, select
-from verl_group_ppo.core_algos import AdaptiveThreshold, GroupPPOOutputs
+from verl_group_ppo.core_algos import AdaptiveThreshold, GroupPPOOutputs, boundary_loss_weights
 from verl_group_ppo.integration import ESTIMATOR_NAME, checkpoint, rollout_groups
 from verl_group_ppo.integration.checks import is_group_ppo
-from verl_group_ppo.integration.critic_loss import CRITIC_WEIGHTS_KEY, boundary_loss_weights, make_critic_loss_fn
+from verl_group_ppo.integration.critic_loss import CRITIC_WEIGHTS_KEY, make_critic_loss_fn
 from verl_group_ppo.integration.estimator import estimator_inputs
 from verl_group_ppo.integration.failures import guarded
 
