@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
+from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
@@ -118,3 +120,41 @@ def test_default_lambdas_bootstrap_the_policy_and_keep_the_critic_on_algorithm_l
     assert (s.policy_lam, s.critic_lam) == (0.95, 1.0)
     s = read_algorithm_settings({"lam": 0.9, "group_params": {"policy_lam": None}})
     assert (s.policy_lam, s.critic_lam) == (0.9, 0.9)
+
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGED_YAML = REPO / "verl_group_ppo" / "configs" / "group_ppo_trainer.yaml"
+CONFIGURATION_DOC = REPO / "docs" / "configuration.md"
+# a row of a markdown table whose first cell is a key in backticks: | `key` | default cell | ...
+TABLE_ROW = re.compile(r"^\|\s*`(?:algorithm\.group_params\.)?(\w+)`\s*\|([^|]*)\|")
+
+
+def test_packaged_yaml_holds_every_group_param_at_its_default():
+    group_params = OmegaConf.load(PACKAGED_YAML).algorithm.group_params
+    assert set(group_params) == {f.name for f in dataclasses.fields(GroupParams)}
+    assert GroupParams.from_config(group_params) == GroupParams()
+
+
+def documented_defaults(markdown: str) -> dict[str, str]:
+    """``key -> the first backticked value of its default cell`` for the table rows naming a GroupParams key."""
+    keys = {f.name for f in dataclasses.fields(GroupParams)}
+    found: dict[str, str] = {}
+    for line in markdown.splitlines():
+        match = TABLE_ROW.match(line)
+        if match and match.group(1) in keys:
+            value = re.search(r"`([^`]*)`", match.group(2))
+            assert value, f"docs/configuration.md: the default of {match.group(1)} is not in backticks: {line}"
+            assert match.group(1) not in found, f"docs/configuration.md: {match.group(1)} has two table rows"
+            found[match.group(1)] = value.group(1)
+    return found
+
+
+def test_documented_defaults_table_parser():
+    doc = "| key | default |\n|---|---|\n| `group_max_size` | `16` (x: `32`) | n |\n| `other` | `1` | n |\n"
+    assert documented_defaults(doc) == {"group_max_size": "16"}
+
+
+def test_documented_defaults_are_group_params_defaults():
+    documented = documented_defaults(CONFIGURATION_DOC.read_text())
+    assert set(documented) == {f.name for f in dataclasses.fields(GroupParams)}
+    assert GroupParams.from_config(documented) == GroupParams()

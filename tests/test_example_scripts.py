@@ -15,7 +15,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import subprocess
-from dataclasses import fields
 from pathlib import Path
 
 import pytest
@@ -33,8 +32,9 @@ MODEL_IDS = {
 }
 CASES = [(size, est) for size in SIZES for est in ESTIMATORS]
 # group_max_size is the one GROUP-PPO key the examples set away from the package default
-# (docs/configuration.md, "group_max_size"); lambda and the threshold settings stay at the defaults.
+# (docs/configuration.md, "group_max_size"); every other key is left to GroupParams' defaults.
 EXAMPLE_GROUP_MAX_SIZE = 32
+GROUP_KEY = "++algorithm.group_params."
 ENV_VARS = "++ray_kwargs.ray_init.runtime_env.env_vars."
 # Output paths are named after the experiment, so they differ between the estimators' scripts.
 RUN_PATH_KEYS = {"trainer.default_local_dir", ENV_VARS + "TENSORBOARD_DIR"}
@@ -166,8 +166,8 @@ def test_script_composes_with_verl_config(size, estimator, stub_bin, tiny_model,
     if estimator == "group_ppo":
         from verl_group_ppo.config import GroupParams
 
-        # Every key is written out explicitly, at the package default except group_max_size.
-        assert set(algo.group_params) == {f.name for f in fields(GroupParams)}
+        # Only group_max_size is given; every other key takes GroupParams' default.
+        assert set(algo.group_params) == {"group_max_size"}
         assert GroupParams.from_config(algo.group_params) == GroupParams(group_max_size=EXAMPLE_GROUP_MAX_SIZE)
 
 
@@ -231,10 +231,8 @@ def test_baselines_differ_only_where_the_estimator_requires(size, stub_bin, tmp_
         return pairs
 
     group, gae, grpo = as_dict("group_ppo"), as_dict("gae"), as_dict("grpo")
-    group_keys = {k for k in group if k.startswith("++algorithm.group_params.")}
-    from verl_group_ppo.config import GroupParams
-
-    assert len(group_keys) == len(fields(GroupParams))
+    group_keys = {k for k in group if k.startswith(GROUP_KEY)}
+    assert group_keys == {GROUP_KEY + "group_max_size"}
 
     def diff(a, b):
         return {k for k in a.keys() | b.keys() if a.get(k) != b.get(k)}
@@ -253,6 +251,17 @@ def test_baselines_differ_only_where_the_estimator_requires(size, stub_bin, tmp_
     # docs/results.md, "Version 2": the same critic warm-up (20 critic-only steps) for both critic arms; GRPO
     # has no critic and trains its actor from the first step, as verl runs it
     assert group["trainer.critic_warmup"] == gae["trainer.critic_warmup"] == "21" and grpo["trainer.critic_warmup"] == "0"
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_recipes_set_only_group_params_that_differ_from_the_defaults(size, stub_bin, tmp_path):
+    from verl_group_ppo.config import GroupParams
+
+    items = overrides_of(script_path(size, "group_ppo"), stub_bin, tmp_path)
+    given = dict(item[len(GROUP_KEY):].split("=", 1) for item in items if item.startswith(GROUP_KEY))
+    assert given, "the group_ppo recipe sets group_max_size"
+    chosen, defaults = GroupParams.from_config(given), GroupParams()
+    assert [key for key in given if getattr(chosen, key) == getattr(defaults, key)] == []
 
 
 @pytest.mark.parametrize("size", SIZES)

@@ -50,6 +50,7 @@ __all__ = [
 ]
 
 IndexLike = Union[np.ndarray, Sequence[Any], torch.Tensor]
+_DEFAULTS = GroupParams()  # the package defaults, written once in verl_group_ppo.config
 
 
 # ==================================================================================================
@@ -175,11 +176,11 @@ def find_group_endpoints(
     values: Optional[torch.Tensor] = None,
     old_log_probs: Optional[torch.Tensor] = None,
     gamma: float = 1.0,
-    threshold: float = 1.0,
-    group_max_size: int = 16,
-    group_epsilon: float = 1e-6,
-    boundary_rule: str = "variance",
-    low_prob_threshold: float = 0.9,
+    threshold: float = _DEFAULTS.group_variance_threshold,
+    group_max_size: int = _DEFAULTS.group_max_size,
+    group_epsilon: float = _DEFAULTS.group_epsilon,
+    boundary_rule: str = _DEFAULTS.boundary_rule,
+    low_prob_threshold: float = _DEFAULTS.low_prob_threshold,
 ) -> torch.Tensor:
     """Group endpoints (step 2): bool (B, T), True at the last valid token of every group.
 
@@ -193,6 +194,8 @@ def find_group_endpoints(
         token_level_rewards, values, response_mask: (B, T), see :func:`compute_group_advantage`.
             ``values`` is required by the ``variance`` rule.
         old_log_probs: (B, T), required by the ``low_prob`` rule.
+        threshold, group_max_size, group_epsilon, boundary_rule, low_prob_threshold: as the
+            ``group_params`` keys (``threshold`` is ``group_variance_threshold``), defaults from :class:`GroupParams`.
     """
     params = GroupParams(group_variance_threshold=threshold, group_max_size=group_max_size,
                          group_epsilon=group_epsilon, boundary_rule=boundary_rule,

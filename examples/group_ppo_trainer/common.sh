@@ -25,9 +25,9 @@
 #
 # The three estimators share every setting except these (and only because the estimator needs it):
 #   group_ppo  algorithm.adv_estimator=group_ppo, critic.enable=True, trainer.critic_warmup=21 (20
-#              critic-only steps), every ++algorithm.group_params.* key set explicitly: group_max_size=32
-#              (measured: docs/configuration.md, "group_max_size"), every other key at the package's
-#              version-2 default (chosen on the CPU demo: docs/results.md, "Version 2")
+#              critic-only steps) and ++algorithm.group_params.group_max_size=32; every other
+#              algorithm.group_params key takes its package default (verl_group_ppo.config.GroupParams,
+#              listed in docs/configuration.md)
 #   gae        algorithm.adv_estimator=gae, critic.enable=True, the same critic warm-up
 #   grpo       algorithm.adv_estimator=grpo, critic.enable=False (GRPO has no critic, no warm-up), and the KL
 #              to the reference policy as a loss term: actor.use_kl_loss=True, kl_loss_coef=0.001,
@@ -122,33 +122,15 @@ case "$estimator" in
       algorithm.adv_estimator=group_ppo
       critic.enable=True
       actor_rollout_ref.actor.use_kl_loss=False
-      # Critic warm-up: 20 critic-only steps (verl gives N - 1 for critic_warmup=N), the same for gae;
-      # version 2's choice from the CPU demo (docs/results.md, "Version 2"), about 5% of this run's steps.
+      # Critic warm-up: 20 critic-only steps (verl gives N - 1 for critic_warmup=N), the same for gae, so
+      # that the actor's first updates use a critic fitted to this model (about 5% of this run's steps;
+      # verl's default is 0).
       trainer.critic_warmup=21
-      # Every GROUP-PPO key; docs/configuration.md explains each one. group_max_size=32: with the
-      # default threshold range (tau <= max_threshold = 10) a cap of 16 ends about a fifth of the groups
-      # and 32 almost none, so the critic, not the cap, decides (benchmarks/bench_long_cot.py). All other
-      # keys are the package's version-2 defaults, chosen on the CPU demo (docs/results.md, "Version 2";
-      # not measured on GSM8K): policy_lam=0.95 bootstraps at group boundaries, critic_lam=null keeps the
-      # critic's targets at algorithm.lam=1.0 (Monte Carlo), and tau steers toward groups of 4 tokens
-      # (adaptive_target=group_size, threshold_lr=0.1). Version 1: policy_lam=null, threshold_lr=0.01,
-      # adaptive_target=explained_variance, target_group_size=8.0 and trainer.critic_warmup=0.
-      ++algorithm.group_params.boundary_rule=variance
-      ++algorithm.group_params.group_variance_threshold=1.0
+      # Only the group_params that differ from the package defaults (GroupParams; docs/configuration.md).
+      # group_max_size=32, not 16: with tau up to max_threshold=10, a cap of 16 ends about a fifth of the
+      # groups of a long response and 32 almost none, so the critic, not the cap, decides where groups end
+      # (docs/configuration.md, "group_max_size"; benchmarks/bench_long_cot.py).
       ++algorithm.group_params.group_max_size=32
-      ++algorithm.group_params.group_epsilon=1e-6
-      ++algorithm.group_params.adaptive_threshold=True
-      ++algorithm.group_params.threshold_lr=0.1
-      ++algorithm.group_params.min_threshold=0.1
-      ++algorithm.group_params.max_threshold=10.0
-      ++algorithm.group_params.target_explained_variance=0.5
-      ++algorithm.group_params.low_prob_threshold=0.9
-      ++algorithm.group_params.adv_norm=batch
-      ++algorithm.group_params.critic_loss_on=boundaries
-      ++algorithm.group_params.policy_lam=0.95
-      ++algorithm.group_params.critic_lam=null
-      ++algorithm.group_params.adaptive_target=group_size
-      ++algorithm.group_params.target_group_size=4.0
     ) ;;
   gae)
     specific=(
