@@ -34,7 +34,7 @@ from verl_group_ppo.tinytask.tasks import make_task, split_problems
 REPO = Path(__file__).resolve().parents[1]
 LAUNCHER = REPO / "examples" / "cpu" / "common.sh"
 # the tiny model, briefly warm-started: these runs check plumbing, not learning
-TINY = prep.PrepareSettings(model_size="tiny", warmstart_steps=60, n_train=2000, n_test=64)
+TINY = prep.PrepareSettings(model_size="tiny", warmstart_steps=60, n_train=2000, n_test=64, min_sampled_accuracy=0.0)
 # the threshold every run starts from (the launchers leave group_params at the package defaults)
 TAU_0 = GroupParams().group_variance_threshold
 
@@ -140,7 +140,8 @@ def test_settings_reject_bad_values():
 def test_prepare_writes_outputs_and_skips_when_cached(tmp_path, monkeypatch):
     import pandas as pd
 
-    settings = prep.PrepareSettings(warmstart_steps=2, warmstart_batch_size=8, n_train=100, n_test=8)
+    settings = prep.PrepareSettings(warmstart_steps=2, warmstart_batch_size=8, n_train=100, n_test=8,
+                                    min_sampled_accuracy=0.0)
     info = prep.prepare(str(tmp_path), settings, log=lambda m: None)
     assert info["settings"]["warmstart_steps"] == 2 and 0.0 <= info["test_accuracy"]["sampled"] <= 1.0
     train = pd.read_parquet(tmp_path / "data" / "train.parquet")
@@ -156,7 +157,15 @@ def test_prepare_writes_outputs_and_skips_when_cached(tmp_path, monkeypatch):
     assert prep.prepare(str(tmp_path), settings, log=lambda m: None) == info
     with pytest.raises(AssertionError, match="ran again"):  # other settings: rebuilt
         prep.prepare(str(tmp_path), prep.PrepareSettings(warmstart_steps=3, warmstart_batch_size=8, n_train=100,
-                                                         n_test=8), log=lambda m: None)
+                                                         n_test=8, min_sampled_accuracy=0.0), log=lambda m: None)
+
+
+def test_prepare_refuses_a_warm_start_without_room(tmp_path):
+    """Two warm-start steps sample nothing right: prepare stops, naming the settings, and writes no model."""
+    settings = prep.PrepareSettings(warmstart_steps=2, warmstart_batch_size=8, n_train=100, n_test=8)
+    with pytest.raises(RuntimeError, match="--warmstart-steps.*--warmstart-slip-prob"):
+        prep.prepare(str(tmp_path), settings, log=lambda m: None)
+    assert not (tmp_path / "model" / prep.KEY_FILE).exists()
 
 
 def test_summarize_log_reads_verl_console_metrics():

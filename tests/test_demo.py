@@ -174,7 +174,10 @@ def test_same_seed_same_run(tiny_setup):
     assert [h["actor/entropy"] for h in c["history"]] != [h["actor/entropy"] for h in a["history"]]
 
 
-def test_main_writes_all_outputs(tmp_path):
+def test_main_writes_all_outputs(tmp_path, monkeypatch):
+    from verl_group_ppo.tinytask import warmstart
+
+    monkeypatch.setattr(warmstart, "MIN_SAMPLED_ACCURACY", 0.0)  # a 5-step warm start: plumbing only
     out = tmp_path / "demo"
     rc = main(["--steps", "2", "--seeds", "1", "--warmstart-steps", "5", "--eval-size", "8", "--eval-samples", "1",
                "--prompts-per-step", "3", "--n-samples", "2", "--train-size", "200", "--workers", "1",
@@ -420,3 +423,81 @@ def test_version_1_command_in_docs_gives_the_version_1_settings():
     task = make_task("chain_sum")
     assert default.critic_warmup is None and default.resolved(task).critic_warmup == 20
     assert RunConfig(steps=150).resolved(task).critic_warmup == 7 and RunConfig(steps=3).resolved(task).critic_warmup == 0
+
+
+# ----------------------------------------------------------------------------------------------------------
+# a warm start that leaves room for RL
+
+
+def test_automatic_warmstart_settings_keep_the_default_task_and_scale_with_length():
+    from verl_group_ppo.tinytask import warmstart as ws
+
+    assert ws.auto_slip_prob(3.5) == 0.25 and ws.auto_warmstart_steps(3.5) == 2000  # the default task's
+    slips = [ws.auto_slip_prob(k) for k in (3.5, 8.0, 12.0)]
+    assert slips == sorted(slips, reverse=True) and slips[-1] > 0
+    for k in (3.5, 8.0, 12.0):  # the same slip-free fraction at every length (up to rounding)
+        assert (1 - ws.auto_slip_prob(k)) ** k == pytest.approx(0.75 ** 3.5, abs=0.03)
+    assert ws.auto_warmstart_steps(8.0) > ws.auto_warmstart_steps(3.5)
+    with pytest.raises(ValueError, match="steps_per_solution"):
+        ws.auto_slip_prob(0.0)
+
+
+def test_slip_rescaling_moves_the_accuracy_toward_the_room():
+    from verl_group_ppo.tinytask import warmstart as ws
+
+    assert ws.rescale_slip_prob(0.25, 0.8, 3.5) > 0.25  # too easy: more slips
+    assert ws.rescale_slip_prob(0.25, 0.03, 3.5) < 0.25  # too hard: fewer slips
+    assert ws.rescale_slip_prob(0.1, 0.0, 8.0) == 0.0  # nothing right: the most room the slips can give
+    assert ws.in_room(0.3) and not ws.in_room(0.01) and not ws.in_room(0.7)
+
+
+def _demo_options(**kw):
+    from verl_group_ppo.demo.cli import DemoOptions
+
+    return DemoOptions(output_dir="unused", **kw)
+
+
+def test_calibration_stops_before_rl_when_the_warm_start_leaves_no_room():
+    """The cheap case: a stand-in warm start that samples nothing right, whatever the slip."""
+    from verl_group_ppo.demo.cli import calibrated_warmstart
+
+    calls = []
+
+    def warm_start(steps, slip):
+        calls.append((steps, slip))
+        return object(), {"seconds": 0.0}, 0.0
+
+    with pytest.raises(RuntimeError, match="--warmstart-steps.*--warmstart-slip-prob"):
+        calibrated_warmstart(_demo_options(), 8.0, warm_start, log=lambda m: None)
+    assert calls == [(4600, 0.12), (4600, 0.0)]  # automatic settings, then the most room, then stop
+    calls.clear()
+    with pytest.raises(RuntimeError, match="0.000 correct"):  # a given slip probability is used as it is
+        calibrated_warmstart(_demo_options(warmstart_slip_prob=0.3, warmstart_steps=50), 8.0, warm_start,
+                             log=lambda m: None)
+    assert calls == [(50, 0.3)]
+
+
+def test_calibration_rescales_the_slip_until_the_accuracy_is_in_the_room():
+    from verl_group_ppo.demo.cli import calibrated_warmstart
+
+    def warm_start(steps, slip):  # a stand-in whose accuracy follows the slip-free fraction
+        return object(), {"seconds": 0.0}, 0.9 * (1 - slip) ** 8
+
+    _, info, acc = calibrated_warmstart(_demo_options(), 8.0, warm_start, log=lambda m: None)
+    assert 0.08 <= acc <= 0.5 and info["slip_prob"] == 0.12 and info["calibration_tries"] == 1
+
+    def too_easy(steps, slip):
+        return object(), {"seconds": 0.0}, min(1.0, 2.0 * (1 - slip) ** 8)
+
+    _, info, acc = calibrated_warmstart(_demo_options(), 8.0, too_easy, log=lambda m: None)
+    assert info["calibration_tries"] == 2 and info["slip_prob"] > 0.12 and 0.08 <= acc <= 0.5
+
+
+def test_calibration_on_a_real_tiny_warm_start_refuses_rl(tmp_path):
+    """End to end on the cheapest real case: a 5-step warm start of the tiny model samples nothing right,
+    and the demo stops before RL with a message naming the flags."""
+    with pytest.raises(RuntimeError, match="warm start samples .* correct"):
+        main(["--steps", "1", "--seeds", "1", "--warmstart-steps", "5", "--eval-size", "8", "--eval-samples", "1",
+              "--prompts-per-step", "2", "--n-samples", "2", "--train-size", "200", "--workers", "1",
+              "--final-eval-size", "8", "--estimators", "grpo", "--no-progress", "--output-dir", str(tmp_path)])
+    assert not (tmp_path / "results.json").exists()

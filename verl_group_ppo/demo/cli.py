@@ -41,9 +41,12 @@ class DemoOptions:
                                         "chain_sum); sets the response length and the warm start's data",
                                   type=str)
     model_size: str = option("tiny", "tiny, small or base (Qwen2 config sizes)")
-    warmstart_steps: int = option(2000, "supervised warm-start steps (cached)")
-    warmstart_slip_prob: float = option(0.25, "probability that a warm-start solution step is replaced by a "
-                                              "near miss (a noisy reasoner that RL has to make reliable)")
+    warmstart_steps: Optional[int] = option(None, "supervised warm-start steps, cached (None: 2000 for 4-5 "
+                                                  "terms, in proportion to the chain length beyond)", type=int)
+    warmstart_slip_prob: Optional[float] = option(
+        None, "probability that a warm-start solution step is replaced by a near miss, a noisy reasoner that RL "
+              "has to make reliable (None: 0.25 for 4-5 terms, less for longer chains, then calibrated until the "
+              "warm start samples about 0.1-0.5 correct)", type=float)
     train_size: int = option(20000, "problems in the training pool")
     final_eval_size: int = option(1024, "held-out prompts of the final eval (x eval_samples responses each); "
                                         "the periodic evals use the first eval_size of them")
@@ -248,7 +251,7 @@ def setup_demo(opts: DemoOptions, cfg: RunConfig, device: str = "cpu", log=print
     from verl_group_ppo.tinytask.evaluation import evaluate
     from verl_group_ppo.tinytask.tasks import make_task, parse_terms, split_problems
     from verl_group_ppo.tinytask.tokenizer import CharTokenizer
-    from verl_group_ppo.tinytask.warmstart import load_or_train_warmstart
+    from verl_group_ppo.tinytask.warmstart import load_or_train_warmstart, mean_solution_steps
 
     terms = parse_terms(opts.terms) if opts.terms else None
     task = make_task(opts.task, terms)
@@ -259,18 +262,52 @@ def setup_demo(opts: DemoOptions, cfg: RunConfig, device: str = "cpu", log=print
     with open(os.path.join(opts.output_dir, "tokenizer.json"), "w") as f:
         f.write(tok.to_str())
     factory = (lambda **kw: tqdm(**kw)) if not opts.no_progress else None
-    policy, ws_info = load_or_train_warmstart(
-        os.path.join(opts.output_dir, "cache"), task, tok, train, opts.model_size, opts.warmstart_steps, 64, 2e-3,
-        0, cfg.response_len, device, progress_factory=factory, log=log, slip_prob=opts.warmstart_slip_prob)
     periodic = evals[:cfg.eval_size]
-    ws_acc = evaluate(policy, task, tok, periodic, cfg.response_len, greedy=False, samples=cfg.eval_samples,
-                      seed=30_000)
+
+    def warm_start(steps: int, slip_prob: float):
+        policy, info = load_or_train_warmstart(
+            os.path.join(opts.output_dir, "cache"), task, tok, train, opts.model_size, steps, 64, 2e-3, 0,
+            cfg.response_len, device, progress_factory=factory, log=log, slip_prob=slip_prob)
+        acc = evaluate(policy, task, tok, periodic, cfg.response_len, greedy=False, samples=cfg.eval_samples,
+                       seed=30_000)
+        log(f"[demo] warm start ({steps} steps, slip {slip_prob:.2f}): eval accuracy {acc:.3f} sampled "
+            f"({'cached' if info.get('cached') else '%.0fs' % info['seconds']})")
+        return policy, info, acc
+
+    policy, ws_info, ws_acc = calibrated_warmstart(opts, mean_solution_steps(train), warm_start, log)
     ws_greedy = evaluate(policy, task, tok, periodic, cfg.response_len, greedy=True)
-    log(f"[demo] warm start: eval accuracy {ws_acc:.3f} sampled, {ws_greedy:.3f} greedy "
-        f"({'cached' if ws_info.get('cached') else '%.0fs' % ws_info['seconds']})")
+    log(f"[demo] warm start: eval accuracy {ws_acc:.3f} sampled, {ws_greedy:.3f} greedy")
     init_state = {"state_dict": {k: v.detach().cpu() for k, v in policy.state_dict().items()},
                   "size": opts.model_size}
     return DemoSetup(task, terms, cfg, tok, train, evals, init_state, ws_info, ws_acc, ws_greedy)
+
+
+def calibrated_warmstart(opts: DemoOptions, steps_per_solution: float, warm_start, log=print, tries: int = 3):
+    """The warm start RL starts from, with room to learn: ``warm_start(steps, slip_prob) -> (policy, info,
+    sampled accuracy)`` is called until the accuracy is in :data:`~verl_group_ppo.tinytask.warmstart.ROOM`.
+
+    Unset ``--warmstart-steps`` / ``--warmstart-slip-prob`` take the chain length's automatic values; an
+    automatic slip probability is then rescaled from the measured accuracy, at most ``tries`` warm starts in
+    all (each one cached). A given slip probability is used as it is. RuntimeError (naming the flags) when the
+    last warm start samples under :data:`~verl_group_ppo.tinytask.warmstart.MIN_SAMPLED_ACCURACY` correct.
+    """
+    from verl_group_ppo.tinytask import warmstart as ws
+
+    steps = opts.warmstart_steps or ws.auto_warmstart_steps(steps_per_solution)
+    auto = opts.warmstart_slip_prob is None
+    slip = ws.auto_slip_prob(steps_per_solution) if auto else opts.warmstart_slip_prob
+    for attempt in range(tries if auto else 1):
+        policy, info, acc = warm_start(steps, slip)
+        if ws.in_room(acc) or not auto:
+            break
+        new_slip = ws.rescale_slip_prob(slip, acc, steps_per_solution)
+        if new_slip == slip or attempt == tries - 1:
+            break
+        log(f"[demo] warm start outside {ws.ROOM[0]}-{ws.ROOM[1]} correct; calibrating: slip {new_slip:.2f}")
+        slip = new_slip
+    ws.check_room(acc, "--warmstart-steps (more), --warmstart-slip-prob (lower), --model-size (larger) or "
+                       "--terms (shorter chains)")
+    return policy, {**info, "slip_prob": slip, "calibration_tries": attempt + 1}, acc
 
 
 def write_outputs(out_dir: str, results: list[dict], meta: dict, first_seed: int) -> str:

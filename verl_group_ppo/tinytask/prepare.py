@@ -65,6 +65,7 @@ class PrepareSettings:
     n_test: int = 256
     response_length: int = 24
     tokenizer_vocab_size: int = 320
+    min_sampled_accuracy: float = 0.02  # refuse a warm start that samples fewer correct (0: plumbing checks only)
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -255,6 +256,11 @@ def prepare(output_dir: str, settings: PrepareSettings = PrepareSettings(), log:
     accuracy = sampled_accuracy(policy, task, tok, test, settings.response_length)
     log(f"[prepare] warm-started accuracy on the test set: sampled {accuracy['sampled']:.3f}, "
         f"greedy {accuracy['greedy']:.3f}")
+    if accuracy["sampled"] < settings.min_sampled_accuracy:
+        raise RuntimeError(
+            f"the warm start samples {accuracy['sampled']:.3f} correct answers (< --min-sampled-accuracy "
+            f"{settings.min_sampled_accuracy}): RL from it would see almost no reward. Give it more room with "
+            "--warmstart-steps (more), --warmstart-slip-prob (lower) or --model-size (larger).")
     info = {"format_version": FORMAT_VERSION, "settings": asdict(settings), "final_loss": final_loss,
             "test_accuracy": accuracy, "seconds": round(time.time() - t0, 1),
             "num_parameters": sum(p.numel() for p in policy.parameters())}

@@ -120,3 +120,68 @@ def load_or_train_warmstart(cache_dir: str, task: Task, tok: CharTokenizer, trai
     torch.save({"state_dict": policy.state_dict(), "tokenizer": tok.to_str(), "info": info}, tmp)
     os.replace(tmp, path)
     return policy, {**info, "cached": False, "path": path}
+
+
+# --------------------------------------------------------------------------------------------------
+# room for RL: a warm start that samples some, but not most, answers right
+
+#: the sampled accuracy a warm start should land in (about 0.1 to 0.5): reward signal, and room to learn
+ROOM = (0.08, 0.5)
+#: below this sampled accuracy RL sees almost no reward: the demo and ``prepare`` refuse to go on
+MIN_SAMPLED_ACCURACY = 0.02
+#: the default task (chain_sum, 4-5 terms: 3.5 running totals per solution) warm-starts with slip 0.25 for
+#: 2000 steps; :func:`auto_slip_prob` and :func:`auto_warmstart_steps` carry this to other chain lengths
+BASE_SOLUTION_STEPS, BASE_SLIP_PROB, BASE_WARMSTART_STEPS = 3.5, 0.25, 2000
+
+
+def mean_solution_steps(problems: list[Problem]) -> float:
+    """Mean number of running totals per worked solution (each one a place where the warm start may slip)."""
+    if not problems:
+        raise ValueError("problems must not be empty")
+    return sum(max(1, len(p.solution.split()) - 1) for p in problems) / len(problems)
+
+
+def auto_slip_prob(steps_per_solution: float) -> float:
+    """The slip probability that leaves as many worked solutions slip-free as the default task's 0.25 does:
+    ``1 - 0.75 ** (3.5 / steps_per_solution)``, rounded to 0.01 (0.25 for 4-5 terms, 0.12 for 8-10, 0.08
+    for 12-14 terms). A fixed slip probability leaves less room for RL the longer the chain.
+    """
+    if steps_per_solution <= 0:
+        raise ValueError(f"steps_per_solution must be > 0, got {steps_per_solution}")
+    keep = (1.0 - BASE_SLIP_PROB) ** (BASE_SOLUTION_STEPS / steps_per_solution)
+    return round(1.0 - keep, 2)
+
+
+def auto_warmstart_steps(steps_per_solution: float) -> int:
+    """Warm-start steps in proportion to the solution's running totals (2000 for the default task, never
+    fewer), rounded to hundreds: longer chains need longer supervised training to be imitated."""
+    scale = max(1.0, steps_per_solution / BASE_SOLUTION_STEPS)
+    return int(round(BASE_WARMSTART_STEPS * scale / 100.0)) * 100
+
+
+def rescale_slip_prob(slip_prob: float, sampled_accuracy: float, steps_per_solution: float,
+                      room: tuple[float, float] = ROOM) -> float:
+    """The next slip probability of a calibration, from one warm start's sampled accuracy.
+
+    Aims at the middle of ``room`` assuming accuracy ~ c * (1 - slip) ** steps_per_solution; 0 when nothing was
+    sampled right (the most room the slip knob can give). Clipped to [0, 0.5].
+    """
+    if sampled_accuracy <= 0.0:
+        return 0.0
+    aim = sum(room) / 2.0
+    keep = (1.0 - slip_prob) * (aim / sampled_accuracy) ** (1.0 / steps_per_solution)
+    return min(0.5, max(0.0, 1.0 - keep))
+
+
+def in_room(sampled_accuracy: float, room: tuple[float, float] = ROOM) -> bool:
+    """Whether a warm start's sampled accuracy leaves room for RL (within ``room``)."""
+    return room[0] <= sampled_accuracy <= room[1]
+
+
+def check_room(sampled_accuracy: float, flags: str) -> None:
+    """RuntimeError when a warm start samples under :data:`MIN_SAMPLED_ACCURACY` correct: RL would see almost
+    no reward. ``flags`` names the settings that change the warm start (said in the message)."""
+    if sampled_accuracy < MIN_SAMPLED_ACCURACY:
+        raise RuntimeError(
+            f"the warm start samples {sampled_accuracy:.3f} correct answers (< {MIN_SAMPLED_ACCURACY}): RL from it "
+            f"would see almost no reward. Give the warm start more room with {flags}.")
