@@ -22,15 +22,18 @@ V2_KEYS_AT_V1 = {"policy_lam": None, "critic_lam": None, "adaptive_target": "exp
                  "target_group_size": 8.0}
 # docs/results.md, "Version 2": the defaults chosen from the three-seed comparison
 V2_CHOSEN = {"threshold_lr": 0.1, "policy_lam": 0.95, "adaptive_target": "group_size", "target_group_size": 4.0}
+# version 3 (SAE's per-token estimator as a setting): off by default, so every earlier result stands
+V3_KEYS = {"within_group": "broadcast"}
 
 
 def test_defaults_are_the_version_2_choice_and_every_key_has_help():
-    assert GroupParams().to_dict() == {**SPEC_DEFAULTS, **V2_KEYS_AT_V1, **V2_CHOSEN}
-    assert set(GroupParams.help()) == set(SPEC_DEFAULTS) | set(V2_KEYS_AT_V1) and all(GroupParams.help().values())
+    assert GroupParams().to_dict() == {**SPEC_DEFAULTS, **V2_KEYS_AT_V1, **V2_CHOSEN, **V3_KEYS}
+    assert set(GroupParams.help()) == set(SPEC_DEFAULTS) | set(V2_KEYS_AT_V1) | set(V3_KEYS)
+    assert all(GroupParams.help().values())
 
 
 def test_v1_values_reproduce_the_version_1_configuration():
-    assert GroupParams(**V1_GROUP_PARAMS).to_dict() == {**SPEC_DEFAULTS, **V2_KEYS_AT_V1}
+    assert GroupParams(**V1_GROUP_PARAMS).to_dict() == {**SPEC_DEFAULTS, **V2_KEYS_AT_V1, **V3_KEYS}
     overrides = {f"{k}": ("null" if v is None else str(v)) for k, v in V1_GROUP_PARAMS.items()}
     assert GroupParams.from_config(overrides) == GroupParams(**V1_GROUP_PARAMS)  # as command-line strings
 
@@ -57,7 +60,7 @@ def test_values_as_yaml_and_command_lines_give_them():
     ("max_threshold", -1.0), ("low_prob_threshold", 1.5), ("target_explained_variance", 2.0),
     ("adaptive_threshold", "maybe"), ("boundary_rule", "entropy"), ("adv_norm", "group"),
     ("critic_loss_on", "everywhere"), ("groupmax_size", 4), ("policy_lam", 1.5), ("critic_lam", -0.1),
-    ("critic_lam", "high"), ("adaptive_target", "reward"), ("target_group_size", 0.0),
+    ("critic_lam", "high"), ("adaptive_target", "reward"), ("target_group_size", 0.0), ("within_group", "mean"),
     ("target_group_size", float("inf")),
 ])
 def test_bad_value_names_the_key(key, value):

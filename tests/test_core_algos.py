@@ -103,6 +103,7 @@ def cases(draw):
         adv_norm=draw(st.sampled_from(["batch", "prompt", "none"])),
         norm_by_std=draw(st.booleans()),
         low_prob_threshold=draw(st.sampled_from([0.1, 0.5, 0.9])),
+        within_group=draw(st.sampled_from(["broadcast", "per_token"])),
     )
 
 
@@ -113,7 +114,8 @@ def test_fast_equals_loop_reference(case):
                                                    case["dense"], True, case["empty_rows"], case["n_prompts"])
     cfg = config(case["gamma"], case["lam"], case["norm_by_std"], group_max_size=case["group_max_size"],
                  boundary_rule=case["boundary_rule"], adv_norm=case["adv_norm"],
-                 low_prob_threshold=case["low_prob_threshold"], critic_lam=case["critic_lam"])
+                 low_prob_threshold=case["low_prob_threshold"], critic_lam=case["critic_lam"],
+                 within_group=case["within_group"])
     out = compute_group_ppo_outputs(rewards, mask, values=values, index=index, settings=read_algorithm_settings(cfg),
                                     old_log_probs=olp,
                                     threshold=case["threshold"])
@@ -121,7 +123,8 @@ def test_fast_equals_loop_reference(case):
                               threshold=case["threshold"], group_max_size=case["group_max_size"],
                               boundary_rule=case["boundary_rule"], adv_norm=case["adv_norm"],
                               norm_by_std=case["norm_by_std"], low_prob_threshold=case["low_prob_threshold"],
-                              old_log_probs=olp, index=index, critic_lam=case["critic_lam"])
+                              old_log_probs=olp, index=index, critic_lam=case["critic_lam"],
+                              within_group=case["within_group"])
     assert torch.equal(out.endpoint_mask, ref.endpoints)
     assert torch.equal(out.group_ids, ref.group_ids)
     assert torch.equal(out.critic_mask, ref.critic_mask)
@@ -590,3 +593,57 @@ def test_worked_example_from_docs():
     assert out.returns[0].tolist() == pytest.approx([0.9505] * 3 + [0.99, 1.0, 1.0], abs=1e-12)
     assert out.critic_mask[0].tolist() == [1, 0, 0, 1, 1, 0]
     assert out.critic_loss_weights[0].tolist() == [2, 0, 0, 2, 2, 0]
+
+
+# --------------------------------------------------------------------------------------------------
+# V3.1: per-token advantages inside groups (SAE's estimator)
+
+
+@pytest.mark.parametrize("mask_kind", ["prefix", "holes", "random"])
+@pytest.mark.parametrize("how", ["tau0", "size1"])
+def test_per_token_token_limit_equals_verl_gae_with_policy_lam(mask_kind, how):
+    rewards, mask, values, olp, index = make_batch(17, 6, 40, mask_kind, junk=True)
+    limit = {"tau0": dict(threshold=0.0, gmax=16), "size1": dict(threshold=3.0, gmax=1)}[how]
+    clean = lambda x: torch.where(mask.bool(), x, torch.zeros_like(x))  # noqa: E731 (verl multiplies junk)
+    verl_adv, _ = compute_gae_advantage_return(clean(rewards), clean(values), mask, gamma=0.97, lam=0.9)
+    _, verl_ret = compute_gae_advantage_return(clean(rewards), clean(values), mask, gamma=0.97, lam=1.0)
+    valid = mask.bool()
+    adv, ret = compute_group_advantage(rewards, mask, values=values, index=index, threshold=limit["threshold"],
+                                       config=config(0.97, 1.0, group_max_size=limit["gmax"], policy_lam=0.9,
+                                                     within_group="per_token"))
+    assert (adv[valid] - verl_adv[valid]).abs().max() <= 1e-9
+    assert (ret[valid] - verl_ret[valid]).abs().max() <= 1e-9
+    assert torch.all(adv[~valid] == 0)
+
+
+def test_per_token_one_group_at_lam_1_is_return_minus_own_value():
+    rewards, mask, values, olp, index = make_batch(5, 6, 30, "prefix", dense=False, junk=False)
+    adv, ret = compute_group_advantage(rewards, mask, values=values, index=index, threshold=math.inf,
+                                       config=config(1.0, 1.0, group_max_size=64, adv_norm="none",
+                                                     within_group="per_token"))
+    valid = mask.bool()
+    returns_to_go = torch.flip(torch.cumsum(torch.flip(rewards * mask, [1]), 1), [1])
+    assert_close(adv[valid], (returns_to_go - values)[valid])  # R - V(s_t): PPO at lam = 1
+    assert_close(ret[valid], returns_to_go[valid])
+
+
+@pytest.mark.parametrize("mask_kind", ["prefix", "holes"])
+def test_per_token_changes_only_the_advantages(mask_kind):
+    rewards, mask, values, olp, index = make_batch(9, 8, 40, mask_kind)
+    outs = {w: compute_group_ppo_outputs(rewards, mask, values=values, index=index, old_log_probs=olp, threshold=2.0,
+                                         settings=algo_settings(0.99, 1.0, policy_lam=0.8, adv_norm="none",
+                                                                within_group=w))
+            for w in ("broadcast", "per_token")}
+    b, p = outs["broadcast"], outs["per_token"]
+    for name in ("returns", "group_ids", "endpoint_mask", "critic_mask", "critic_loss_weights"):
+        assert torch.equal(getattr(b, name), getattr(p, name)), name
+    first = p.critic_mask.bool()  # at each group's first token the two agree (A_k is X there)
+    assert torch.equal(b.advantages[first], p.advantages[first])
+    assert not torch.equal(b.advantages, p.advantages)  # inside groups they differ
+    valid = mask.bool()
+    assert torch.all(p.advantages[~valid] == 0)
+
+
+def test_within_group_is_validated_by_name():
+    with pytest.raises(ValueError, match="algorithm.group_params.within_group"):
+        GroupParams(within_group="tokens")

@@ -44,8 +44,11 @@ def reference_group_ppo(
     old_log_probs: Optional[torch.Tensor] = None,
     index: Optional[Sequence] = None,
     critic_lam: Optional[float] = None,
+    within_group: str = "broadcast",
 ) -> ReferenceResult:
-    """GROUP-PPO on one batch. ``lam`` is the advantages' lambda; ``critic_lam`` (None = ``lam``) the returns'."""
+    """GROUP-PPO on one batch. ``lam`` is the advantages' lambda; ``critic_lam`` (None = ``lam``) the returns'.
+    ``within_group='per_token'``: each valid token t gets A_t = delta_t + gamma * lam_t * A_{t'} (t' the next
+    valid token), lam_t = ``lam`` at its group's last token and 1 inside (the spec's V3.1), not A_k."""
     critic_lam = lam if critic_lam is None else critic_lam
     B, T = mask.shape
     m = mask.tolist()
@@ -115,6 +118,12 @@ def reference_group_ppo(
             i += 1
         for i in range(L):
             ret[b][p[i]] = Xc[i] + v[b][p[i]]
+        if within_group == "per_token":  # V3.1, written out from its own recursion
+            a_next = 0.0
+            for i in range(L - 1, -1, -1):
+                lam_t = lam if e[i] else 1.0
+                a_next = d[i] + gamma * lam_t * a_next
+                adv[b][p[i]] = a_next
 
     # Boundary explained variance (population variances over critic slots).
     slots = [(b, t) for b in range(B) for t in range(T) if cmask[b][t]]

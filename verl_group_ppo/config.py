@@ -19,6 +19,7 @@ BOUNDARY_RULES = ("variance", "fixed", "low_prob")
 ADV_NORMS = ("batch", "prompt", "none")
 CRITIC_LOSS_ON = ("boundaries", "all_tokens")
 ADAPTIVE_TARGETS = ("explained_variance", "group_size")
+WITHIN_GROUP = ("broadcast", "per_token")
 
 GROUP_PARAMS_PATH = "algorithm.group_params"
 """Where the group parameters live in verl's config (error messages name keys by this full path)."""
@@ -63,6 +64,9 @@ class GroupParams:
         "group_size")
     target_group_size: float = _help(
         "adaptive_target=group_size: the mean valid tokens per group tau steers toward (> 0).", 4.0)
+    within_group: str = _help(
+        "Advantages inside a group: 'broadcast' (one per group) or 'per_token' (SAE-style, own baseline).",
+        "broadcast")
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -196,7 +200,7 @@ def check_critic_loss_agg_mode(loss_agg_mode: Any) -> None:
 _NUMBER_KEYS = ("group_variance_threshold", "group_epsilon", "threshold_lr", "min_threshold", "max_threshold",
                 "low_prob_threshold", "target_explained_variance", "target_group_size")
 _CHOICES = (("boundary_rule", BOUNDARY_RULES), ("adv_norm", ADV_NORMS), ("critic_loss_on", CRITIC_LOSS_ON),
-            ("adaptive_target", ADAPTIVE_TARGETS))
+            ("adaptive_target", ADAPTIVE_TARGETS), ("within_group", WITHIN_GROUP))
 
 
 def _bad(p: GroupParams, key: str, why: str) -> ValueError:

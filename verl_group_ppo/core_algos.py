@@ -6,7 +6,8 @@ of the group. docs/algorithm.md explains the steps cited below ("step N") with a
 
 Where a token's advantage comes from: :func:`compute_group_ppo_outputs` runs steps 1-6 in order:
 :func:`_td_residuals` (1), :func:`_group_ends` (2), :func:`endpoints_to_group_ids` (3),
-:func:`_segment_gae_` and :func:`_broadcast_from_starts_` (4), :func:`create_critic_endpoint_mask` (5),
+:func:`_segment_gae_` and :func:`_broadcast_from_starts_` (4; ``within_group: per_token`` skips the
+broadcast and keeps each token's own X), :func:`create_critic_endpoint_mask` (5),
 :func:`_normalize_advantages_` (6); :class:`AdaptiveThreshold` then moves tau for the next batch.
 :func:`boundary_loss_weights` gives step 7's critic-loss weights. The ``group/*`` metrics are computed in
 :mod:`verl_group_ppo.metrics`; the settings and their defaults live in :mod:`verl_group_ppo.config`.
@@ -62,7 +63,8 @@ class GroupPPOOutputs:
     """Everything the trainer needs from one GROUP-PPO advantage pass. Tensors are (B, T), 0 at masked positions.
 
     Attributes:
-        advantages: per-token advantages (group advantage broadcast, normalised per ``adv_norm``).
+        advantages: per-token advantages (group advantage broadcast, or each token's own with
+            ``within_group: per_token``; normalised per ``adv_norm``).
         returns: segment lambda-returns ``X + V`` with ``critic_lam``: the critic's targets (never normalised).
         group_ids: long, 1-based group index within each response.
         endpoint_mask: bool, True at each group's last valid token.
@@ -413,7 +415,9 @@ def _segment_advantages(batch: _Batch, settings: AlgorithmSettings, tau: float) 
     returns = torch.add(x_critic, batch.values_tm, out=batch.rewards_tm)  # rewards are no longer needed
     returns = _to_batch_major(returns.masked_fill_(batch.invalid_tm, 0.0))
     groups = _locate_groups(starts, x) if params.adv_norm == "prompt" else None
-    _broadcast_from_starts_(x, starts)  # A_k to every token of group k
+    if params.within_group == "broadcast":
+        _broadcast_from_starts_(x, starts)  # A_k to every token of group k
+    # per_token keeps X_i as token i's own advantage: lambda at group ends only (SAE's estimator)
     x.masked_fill_(batch.invalid_tm, 0.0)
     _normalize_advantages_(x, batch.invalid_tm, batch.n_valid, groups, batch.index, params.adv_norm,
                            settings.norm_adv_by_std_in_grpo, params.group_epsilon)  # step 6
