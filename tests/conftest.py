@@ -37,3 +37,45 @@ def ray_tq():
     tq.close()
     if started_ray:
         ray.shutdown()
+
+
+# --------------------------------------------------------------------------------------------------
+# Test tiers: `pytest -m "not slow"` is the quick loop. A test that starts Ray, a subprocess or main_ppo is
+# marked slow; Ray users (through the ray_tq fixture) are marked here, and an unmarked test that starts a
+# process fails, so the quick loop stays quick.
+
+RAY_FIXTURES = ("ray_tq",)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if any(name in getattr(item, "fixturenames", ()) for name in RAY_FIXTURES):
+            item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(autouse=True)
+def _quick_tests_start_no_process(request, monkeypatch):
+    """Fail a test that is not marked slow but starts a subprocess or a multiprocessing worker."""
+    if request.node.get_closest_marker("slow"):
+        yield
+        return
+    import multiprocessing.process
+    import subprocess
+
+    started: list[str] = []
+    popen_init, process_start = subprocess.Popen.__init__, multiprocessing.process.BaseProcess.start
+
+    def recording_popen_init(self, args, *rest, **kwargs):
+        started.append(f"subprocess {args!r}"[:200])
+        return popen_init(self, args, *rest, **kwargs)
+
+    def recording_process_start(self):
+        started.append(f"multiprocessing worker {self.name}")
+        return process_start(self)
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", recording_popen_init)
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", recording_process_start)
+    yield
+    if started:
+        pytest.fail(f"{request.node.nodeid} starts {started[0]} but is not marked @pytest.mark.slow "
+                    f"(tests/conftest.py: test tiers)", pytrace=False)

@@ -193,6 +193,7 @@ def _launcher_args(tmp_path: Path, *extra: str) -> list[str]:
     return (tmp_path / "args.txt").read_text().splitlines()
 
 
+@pytest.mark.slow
 def test_launcher_plugs_in_the_short_poll_sampler_unless_the_run_needs_verls_own(tmp_path):
     hook = "trainer.v1.sampler.custom_sampler.path=pkg://verl_group_ppo.cpu.sampler"
     args = _launcher_args(tmp_path)
@@ -203,6 +204,7 @@ def test_launcher_plugs_in_the_short_poll_sampler_unless_the_run_needs_verls_own
         assert hook not in _launcher_args(tmp_path, extra), extra
 
 
+@pytest.mark.slow
 def test_launcher_computes_in_fp32_and_reuses_rollout_log_probs_unless_rollout_correction_is_asked_for(tmp_path):
     args = _launcher_args(tmp_path)
     # verl's FSDP engine reads mixed_precision.param_dtype (bf16 when absent), not fsdp_config.dtype

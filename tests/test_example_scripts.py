@@ -12,7 +12,6 @@ with absolute output paths handed to the Ray workers.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 from pathlib import Path
@@ -129,6 +128,7 @@ def test_script_set_is_complete():
     assert present == expected, "every example script must be covered by this test"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size,estimator", CASES, ids=[f"{s}-{e}" for s, e in CASES])
 def test_script_composes_with_verl_config(size, estimator, stub_bin, tiny_model, tmp_path):
     from omegaconf import OmegaConf
@@ -171,6 +171,7 @@ def test_script_composes_with_verl_config(size, estimator, stub_bin, tiny_model,
         assert GroupParams.from_config(algo.group_params) == GroupParams(group_max_size=EXAMPLE_GROUP_MAX_SIZE)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size,estimator", CASES, ids=[f"{s}-{e}" for s, e in CASES])
 def test_script_saves_and_logs_without_an_account(size, estimator, stub_bin, tmp_path):
     out_dir = tmp_path / "out"
@@ -188,12 +189,14 @@ def test_script_saves_and_logs_without_an_account(size, estimator, stub_bin, tmp
     assert env_vars.TENSORBOARD_DIR == f"{run_dir}/tensorboard"
 
 
+@pytest.mark.slow
 def test_relative_out_dir_is_made_absolute(stub_bin, tmp_path):
     overrides = overrides_of(script_path("0.5b", "group_ppo"), stub_bin, tmp_path, env={"OUT_DIR": "runs/x"})
     root = dict(item.split("=", 1) for item in overrides)[ENV_VARS + "VERL_FILE_LOGGER_ROOT"]
     assert os.path.isabs(root) and root.endswith("/runs/x")
 
 
+@pytest.mark.slow
 def test_group_metrics_reach_the_file_and_tensorboard_logs(stub_bin, tmp_path, monkeypatch):
     """verl's own Tracking, built as the trainer builds it from the script's settings, keeps group/* offline."""
     import json
@@ -216,12 +219,14 @@ def test_group_metrics_reach_the_file_and_tensorboard_logs(stub_bin, tmp_path, m
     assert list((tmp_path / "out").rglob("tensorboard/events.out.tfevents.*"))
 
 
+@pytest.mark.slow
 def test_wandb_is_one_override_away(stub_bin, tmp_path):
     logger = "trainer.logger=[console,tensorboard,file,wandb]"
     cfg = compose(overrides_of(script_path("0.5b", "group_ppo"), stub_bin, tmp_path, logger))
     assert list(cfg.trainer.logger) == ["console", "tensorboard", "file", "wandb"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size", SIZES)
 def test_baselines_differ_only_where_the_estimator_requires(size, stub_bin, tmp_path):
     def as_dict(est):
@@ -253,6 +258,7 @@ def test_baselines_differ_only_where_the_estimator_requires(size, stub_bin, tmp_
     assert group["trainer.critic_warmup"] == gae["trainer.critic_warmup"] == "21" and grpo["trainer.critic_warmup"] == "0"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size", SIZES)
 def test_recipes_set_only_group_params_that_differ_from_the_defaults(size, stub_bin, tmp_path):
     from verl_group_ppo.config import GroupParams
@@ -264,6 +270,7 @@ def test_recipes_set_only_group_params_that_differ_from_the_defaults(size, stub_
     assert [key for key in given if getattr(chosen, key) == getattr(defaults, key)] == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size", SIZES)
 def test_default_model_and_data_paths(size, stub_bin, tmp_path):
     overrides = overrides_of(script_path(size, "group_ppo"), stub_bin, tmp_path, env={"HOME": str(tmp_path)})
@@ -272,6 +279,7 @@ def test_default_model_and_data_paths(size, stub_bin, tmp_path):
     assert f"data.train_files={tmp_path}/data/gsm8k/train.parquet" in overrides
 
 
+@pytest.mark.slow
 def test_extra_overrides_are_passed_through_and_win(stub_bin, tiny_model, tmp_path):
     from verl_group_ppo.config import GroupParams
 
@@ -288,6 +296,7 @@ def test_extra_overrides_are_passed_through_and_win(stub_bin, tiny_model, tmp_pa
     assert GroupParams.from_config(cfg.algorithm.group_params).group_max_size == 64
 
 
+@pytest.mark.slow
 def test_misspelled_key_fails_composition(stub_bin, tmp_path):
     from hydra.errors import ConfigCompositionException
 
@@ -298,6 +307,7 @@ def test_misspelled_key_fails_composition(stub_bin, tmp_path):
         compose(overrides)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "override,key",
     [
@@ -314,6 +324,7 @@ def test_bad_group_params_are_rejected(override, key, stub_bin, tmp_path):
         GroupParams.from_config(cfg.algorithm.group_params)
 
 
+@pytest.mark.slow
 def test_batch_sizes_that_do_not_fit_the_gpus_fail_verl_validation(stub_bin, tiny_model, tmp_path):
     # 256 prompts x 5 responses do not split over 3 GPUs: verl's own check must catch it.
     cfg = compose(
@@ -324,6 +335,7 @@ def test_batch_sizes_that_do_not_fit_the_gpus_fail_verl_validation(stub_bin, tin
         main_ppo_checks(cfg)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args,message", [((), "SIZE"), (("2b", "gae"), "unknown SIZE"), (("3b", "ppo"), "unknown ESTIMATOR")])
 def test_common_rejects_bad_arguments(args, message, stub_bin, tmp_path):
     proc, argv = run_script(COMMON, stub_bin, tmp_path, *args)
@@ -332,12 +344,6 @@ def test_common_rejects_bad_arguments(args, message, stub_bin, tmp_path):
     assert argv is None
 
 
-needs_plugin = pytest.mark.skipif(
-    importlib.util.find_spec("verl_group_ppo.plugin") is None, reason="verl_group_ppo.plugin not written yet"
-)
-
-
-@needs_plugin
 def test_group_ppo_is_registered_with_the_plugin_loaded():
     import verl  # noqa: F401  (loads the verl.plugins entry points)
     from verl.trainer.ppo import core_algos
@@ -345,7 +351,7 @@ def test_group_ppo_is_registered_with_the_plugin_loaded():
     assert "group_ppo" in core_algos.ADV_ESTIMATOR_REGISTRY
 
 
-@needs_plugin
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "override,key",
     [

@@ -222,6 +222,7 @@ def test_hub_failure_points_to_local_files(monkeypatch, tmp_path):
         gsm8k.main(["--local-dir", str(tmp_path / "out")])
 
 
+@pytest.mark.slow
 def test_help_documents_sources():
     proc = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0

@@ -207,3 +207,26 @@ def test_the_reward_function_loads_neither_the_demo_nor_the_cpu_backend():
     loaded = _modules_loaded_by("from verl_group_ppo.tinytask.reward import compute_score")
     assert "verl_group_ppo.tinytask.reward" in loaded
     assert not {m for m in loaded if _in_package(m, "verl_group_ppo.demo") or _in_package(m, "verl_group_ppo.cpu")}
+
+
+@pytest.mark.slow
+def test_quick_tests_that_start_a_process_fail(tmp_path):
+    """tests/conftest.py fails an unmarked test that starts a subprocess, and marks ray_tq users slow."""
+    import shutil
+    import subprocess
+    import sys
+
+    shutil.copy(Path(__file__).with_name("conftest.py"), tmp_path / "conftest.py")
+    (tmp_path / "test_tiers.py").write_text(
+        "import subprocess, sys, pytest\n"
+        "def test_unmarked():\n    subprocess.run([sys.executable, '-c', 'pass'], check=True)\n"
+        "@pytest.mark.slow\ndef test_marked():\n    subprocess.run([sys.executable, '-c', 'pass'], check=True)\n"
+        "def test_quiet():\n    assert True\n"
+        "def test_ray_user(request, ray_tq):\n    pass\n")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-m", "not slow", "-rA",
+                           "--import-mode=importlib", str(tmp_path)], capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path)
+    assert "PASSED test_tiers.py::test_quiet" in done.stdout, done.stdout[-3000:]
+    assert "ERROR test_tiers.py::test_unmarked" in done.stdout, done.stdout[-3000:]
+    assert "is not marked @pytest.mark.slow" in done.stdout
+    assert "2 deselected" in done.stdout  # test_marked, and test_ray_user through its ray_tq fixture

@@ -36,6 +36,7 @@ def last_json(proc: subprocess.CompletedProcess) -> dict:
 # fresh processes
 
 
+@pytest.mark.slow
 def test_import_verl_installs_everything_lazily():
     out = last_json(run_fresh("""
         import json, sys
@@ -72,6 +73,7 @@ def test_import_verl_installs_everything_lazily():
     assert out["errors"] == []
 
 
+@pytest.mark.slow
 def test_plugins_off_registers_nothing():
     out = last_json(run_fresh("""
         import json
@@ -81,6 +83,7 @@ def test_plugins_off_registers_nothing():
     assert out is False
 
 
+@pytest.mark.slow
 def test_plugin_selected_by_name_and_trainer_module_imported_first():
     # Importing our trainer module first makes it the importer of verl's v1 package: the v1 hook then
     # gets our half-imported module back, and the module installs its classes when it finishes.
@@ -97,6 +100,7 @@ def test_plugin_selected_by_name_and_trainer_module_imported_first():
     assert out == {"estimator": True, "sync": True, "errors": []}
 
 
+@pytest.mark.slow
 def test_broken_install_is_logged_and_stops_group_ppo_runs_with_the_cause():
     proc = run_fresh("""
         import json, sys
@@ -127,6 +131,7 @@ def test_broken_install_is_logged_and_stops_group_ppo_runs_with_the_cause():
     assert "ERROR" in proc.stderr and "verl_group_ppo.core_algos" in proc.stderr
 
 
+@pytest.mark.slow
 def test_stock_entry_point_rejects_bad_group_params_before_ray_starts():
     proc = subprocess.run([PYTHON, "-m", "verl.trainer.main_ppo", "algorithm.adv_estimator=group_ppo",
                            "++algorithm.group_params.group_max_size=0"],
@@ -137,6 +142,7 @@ def test_stock_entry_point_rejects_bad_group_params_before_ray_starts():
     assert "ray init kwargs" not in proc.stdout  # main_ppo prints this right before ray.init
 
 
+@pytest.mark.slow
 def test_a_ray_worker_sees_the_estimator_and_trainers(ray_tq):
     import ray
 
@@ -367,27 +373,10 @@ def test_post_import_hooks_run_once_after_the_module_and_leave_its_loader_alone(
 
 
 # ----------------------------------------------------------------------------------------------------
-# the entry point and its former name
+# the entry point
 
 
-def test_former_entry_point_name_installs_the_same_objects():
-    # installs whose metadata names verl_group_ppo.plugin (installed before the move) keep working
-    out = last_json(run_fresh("""
-        import json
-        import verl.trainer.ppo.v1, verl.trainer.ppo.utils as utils
-        from verl.trainer.ppo import core_algos
-        from verl.trainer.ppo.v1 import get_trainer_cls
-        import verl_group_ppo.plugin as former
-        from verl_group_ppo.integration import entry_point, estimator
-        print(json.dumps({"same": former.install is entry_point.install,
-                          "estimator": core_algos.ADV_ESTIMATOR_REGISTRY.get("group_ppo") is estimator.group_ppo_estimator,
-                          "need_critic": hasattr(utils.need_critic, "verl_group_ppo_original"),
-                          "sync": get_trainer_cls("sync").__name__, "errors": former.install_errors()}))
-    """, {"VERL_USE_EXTERNAL_PLUGINS": "none"}))
-    assert out == {"same": True, "estimator": True, "need_critic": True, "sync": "GroupPPOTrainerSync", "errors": []}
-
-
-def test_pyproject_names_the_new_entry_point():
+def test_pyproject_names_the_entry_point():
     import importlib
     import tomllib
     from pathlib import Path
@@ -413,6 +402,7 @@ def run_entry_point(module: str, *overrides: str, env_extra: dict | None = None,
                           timeout=300, env=env)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("module,name", [
     ("verl.experimental.fully_async_policy.fully_async_main", "fully_async_policy"),
     ("verl.experimental.one_step_off_policy.main_ppo", "one_step_off_policy"),
@@ -462,6 +452,7 @@ def _accelerator_visible() -> bool:
     return bool(is_device_available())
 
 
+@pytest.mark.slow
 def test_no_accelerator_and_no_cpu_backend_is_refused_before_ray_starts():
     if _accelerator_visible():
         pytest.skip("this machine has an accelerator")

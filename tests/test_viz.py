@@ -123,6 +123,7 @@ def test_bad_steps_and_bad_records(tmp_path, capsys):
     assert "lacks key(s) ['group_ids', 'advantages']" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_runs_as_a_module(tmp_path):
     _write_dump(tmp_path / "dump")
     out = tmp_path / "groups.html"
