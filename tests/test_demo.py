@@ -213,8 +213,8 @@ def test_one_record_per_arm():
     for name, arm in ARMS.items():
         assert arm.name == name
         assert arm.critic_loss_on in (None, ALL_TOKENS, BOUNDARIES)
-        if arm.uses_groups:  # the arm's critic mode is the group_params key it fixes
-            assert arm.group_overrides() == {"critic_loss_on": arm.critic_loss_on}
+        if arm.uses_groups:  # the arm's critic mode and definition are the group_params keys it fixes
+            assert arm.group_overrides() == {"critic_loss_on": arm.critic_loss_on, **arm.group_params}
     assert not ARMS["grpo"].needs_critic and ARMS["gae_decoupled"].needs_critic
     with pytest.raises(ValueError, match="unknown estimator 'ppo'"):
         get_arm("ppo")
@@ -501,3 +501,16 @@ def test_calibration_on_a_real_tiny_warm_start_refuses_rl(tmp_path):
               "--prompts-per-step", "2", "--n-samples", "2", "--train-size", "200", "--workers", "1",
               "--final-eval-size", "8", "--estimators", "grpo", "--no-progress", "--output-dir", str(tmp_path)])
     assert not (tmp_path / "results.json").exists()
+
+
+def test_sae_arm_is_per_token_advantages_on_low_probability_cuts(tiny_setup):
+    from verl_group_ppo.config import read_algorithm_settings
+    from verl_group_ppo.demo.arms import SAE_GROUP_PARAMS, get_arm
+
+    task, tok, train, evals, init, cfg = tiny_setup
+    arm = get_arm("sae")
+    settings = read_algorithm_settings(cfg.algorithm_config(arm))
+    assert settings.group.within_group == "per_token" and settings.group.boundary_rule == "low_prob"
+    assert settings.group.low_prob_threshold == SAE_GROUP_PARAMS["low_prob_threshold"]
+    assert arm.critic_loss_on == "all_tokens" and settings.group.critic_loss_on == "all_tokens"
+    assert read_algorithm_settings(cfg.algorithm_config("group_ppo")).group.within_group == "broadcast"

@@ -10,6 +10,10 @@ labelled and coloured in the outputs.
 * ``gae``                  - PPO: verl's ``compute_gae_advantage_return`` with ``lam``.
 * ``gae_decoupled``        - PPO with decoupled-lambda GAE: verl's GAE with ``policy_lam`` for the
                              advantages and again with ``critic_lam`` for the critic's returns.
+* ``sae``                  - SAE's estimator as GROUP-PPO settings: groups start at low-probability tokens
+                             (``boundary_rule: low_prob``), each token keeps its own advantage with lambda
+                             applied only at group ends (``within_group: per_token``); the critic is trained
+                             on every token, as PPO's (docs/faq.md says how this differs from the paper).
 * ``grpo``                 - verl's ``compute_grpo_outcome_advantage``; no critic.
 """
 
@@ -73,6 +77,7 @@ class Arm:
         critic_loss_on: :data:`NO_CRITIC` (None), :data:`ALL_TOKENS` or :data:`BOUNDARIES`.
         advantage: ``AdvantageInputs -> Advantages``.
         uses_groups: GROUP-PPO: it has groups and an adaptive threshold (and group samples to draw).
+        group_params: ``group_params`` the arm's definition fixes (beside its critic-loss mode).
     """
 
     name: str
@@ -81,14 +86,15 @@ class Arm:
     critic_loss_on: Optional[str]
     advantage: Callable[[AdvantageInputs], Advantages]
     uses_groups: bool = False
+    group_params: dict[str, Any] = field(default_factory=dict)
 
     @property
     def needs_critic(self) -> bool:
         return self.critic_loss_on is not NO_CRITIC
 
     def group_overrides(self) -> dict[str, Any]:
-        """The ``group_params`` the arm itself fixes (its critic-loss mode, for GROUP-PPO arms)."""
-        return {"critic_loss_on": self.critic_loss_on} if self.uses_groups else {}
+        """The ``group_params`` the arm itself fixes: its critic-loss mode and definition, for GROUP-PPO arms."""
+        return {"critic_loss_on": self.critic_loss_on, **self.group_params} if self.uses_groups else {}
 
 
 def _gae(inp: AdvantageInputs) -> Advantages:
@@ -140,12 +146,19 @@ def _group_ppo(inp: AdvantageInputs) -> Advantages:
     return Advantages(out.advantages, out.returns, out.critic_loss_weights, metrics, out)
 
 
+#: the ``sae`` arm's definition: cuts before tokens the sampling policy gave probability < 0.9, per-token
+#: advantages inside the segments; lambdas stay the package's (policy_lam 0.95, critic_lam = algorithm.lam)
+SAE_GROUP_PARAMS: dict[str, Any] = {"within_group": "per_token", "boundary_rule": "low_prob",
+                                    "low_prob_threshold": 0.9}
+
 ARMS: dict[str, Arm] = {a.name: a for a in (
     Arm("group_ppo", "GROUP-PPO", "#d62728", BOUNDARIES, _group_ppo, uses_groups=True),
     Arm("group_ppo_all_tokens", "GROUP-PPO (critic on all tokens)", "#ff7f0e", ALL_TOKENS, _group_ppo,
         uses_groups=True),
     Arm("gae", "PPO (GAE)", "#1f77b4", ALL_TOKENS, _gae),
     Arm("gae_decoupled", "PPO (decoupled-lambda GAE)", "#9467bd", ALL_TOKENS, _gae_decoupled),
+    Arm("sae", "SAE (per-token, low-prob cuts)", "#8c564b", ALL_TOKENS, _group_ppo, uses_groups=True,
+        group_params=SAE_GROUP_PARAMS),
     Arm("grpo", "GRPO", "#2ca02c", NO_CRITIC, _grpo),
 )}
 #: the arms a plain ``python -m verl_group_ppo.demo`` compares
