@@ -483,6 +483,23 @@ def test_accelerator_check(environ, config, visible, refused):
         check_accelerator(config, environ=environ, accelerator_visible=lambda: visible)
 
 
+def test_the_ray_address_override_the_refusal_names_composes_with_verls_config():
+    import re
+
+    from hydra.errors import ConfigCompositionException
+
+    from verl_group_ppo.integration.checks import check_accelerator
+
+    with pytest.raises(RuntimeError) as refused:
+        check_accelerator(U.compose_config(), environ={}, accelerator_visible=lambda: False)
+    override = re.search(r"(\S*ray_kwargs\S*)=HOST:PORT", str(refused.value)).group(1) + "=10.0.0.1:6379"
+    cfg = U.compose_config(["algorithm.adv_estimator=group_ppo", override])
+    assert cfg.ray_kwargs.ray_init.address == "10.0.0.1:6379"
+    check_accelerator(cfg, environ={}, accelerator_visible=lambda: False)  # joins the cluster: passes
+    with pytest.raises(ConfigCompositionException):  # verl's config has no such key: the '+' is needed
+        U.compose_config([override.lstrip("+")])
+
+
 def test_validate_config_wrapper_checks_group_ppo_only_before_ray(monkeypatch):
     from verl_group_ppo.integration import checks
 

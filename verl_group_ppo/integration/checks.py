@@ -87,12 +87,17 @@ def make_need_critic(original: Callable[[Any], bool]) -> Callable[[Any], bool]:
 # launch checks (validate_config, run_ppo)
 
 
+#: The Hydra override that makes verl's ``ray.init`` join a running cluster: verl's ppo_trainer config has no
+#: ``ray_kwargs.ray_init.address`` key, so the override adds it with ``+``.
+RAY_ADDRESS_OVERRIDE = "+ray_kwargs.ray_init.address"
+
+
 def check_accelerator(config: Any, environ: Optional[Mapping[str, str]] = None,
                       accelerator_visible: Optional[Callable[[], bool]] = None) -> None:
     """Refuse to start Ray on a machine where verl would wait for GPUs forever.
 
     Passes when the CPU backend is selected (``VERL_PLATFORM=cpu``), when Ray joins an existing cluster
-    (``RAY_ADDRESS`` or ``ray_kwargs.ray_init.address``: its accelerators may be on other machines), or
+    (``RAY_ADDRESS`` or ``+ray_kwargs.ray_init.address=HOST:PORT``: its accelerators may be on other machines), or
     when verl's platform sees an accelerator (``accelerator_visible``, default verl's
     ``is_device_available``). Raises RuntimeError otherwise.
     """
@@ -106,7 +111,8 @@ def check_accelerator(config: Any, environ: Optional[Mapping[str, str]] = None,
     raise RuntimeError(
         f"algorithm.adv_estimator={ESTIMATOR_NAME}: this machine has no accelerator visible to verl and verl's CPU "
         f"backend is not selected, so Ray would wait for trainer.n_gpus_per_node="
-        f"{select(config, 'trainer.n_gpus_per_node', '?')} GPUs forever. Run on a machine with a GPU, or select "
+        f"{select(config, 'trainer.n_gpus_per_node', '?')} GPUs forever. Run on a machine with a GPU, join a "
+        f"Ray cluster that has them (RAY_ADDRESS=HOST:PORT or {RAY_ADDRESS_OVERRIDE}=HOST:PORT), or select "
         f"the CPU backend with the environment variable {CPU_BACKEND_ENV}=cpu (see docs/cpu.md).")
 
 
