@@ -56,3 +56,45 @@ def test_tiny_learning_needs_a_prepared_work_dir(tmp_path):
     bench = _load("bench_cpu_tiny_learning")
     with pytest.raises(SystemExit, match="prepare.json is missing; run python -m verl_group_ppo.tinytask.prepare"):
         bench.main(["--work-dir", str(tmp_path)])
+
+
+def _fake_length(root: Path, terms: str, shift: dict[str, float], length: float) -> None:
+    """What the demo writes for one length of the edge sweep: results.json and metrics.jsonl of both parts."""
+    import json
+
+    bench = _load("bench_edge_vs_length")
+    for name, arms, seeds in bench.PARTS:
+        part = root / f"terms-{terms}" / name
+        part.mkdir(parents=True)
+        runs = [{"estimator": arm, "seed": int(s), "final_eval_accuracy": 0.5 + shift[arm] + 0.01 * int(s),
+                 "curve_area": 0.4 + shift[arm] / 2 + 0.001 * int(s) ** 2}
+                for arm in arms.split(",") for s in seeds.split(",")]
+        (part / "results.json").write_text(json.dumps({"runs": runs, "meta": {}}))
+        (part / "metrics.jsonl").write_text("\n".join(json.dumps({"response_length/mean": length + d})
+                                                      for d in (-1.0, 1.0)))
+
+
+def test_edge_report_pairs_seeds_and_applies_the_rule(tmp_path):
+    bench = _load("bench_edge_vs_length")
+    _fake_length(tmp_path, "4-5", {"group_ppo": 0.02, "gae": 0.0, "sae": -0.03, "grpo": 0.0}, 12.0)
+    _fake_length(tmp_path, "8-10", {"group_ppo": 0.0, "gae": 0.0, "sae": 0.0, "grpo": 0.0}, 27.0)
+    data = bench.load_length(str(tmp_path / "terms-4-5"))
+    assert data["mean_response_length"] == 12.0 and len(data["runs"]) == 4 * 3 + 2 * 3
+    diff = bench.differences(data["runs"])
+    g, s = diff["group_ppo-gae"]["final"], diff["sae-gae"]["final"]
+    assert g["seeds"] == [0, 1, 2, 3, 4, 5] and g["mean"] == pytest.approx(0.02)
+    assert s["seeds"] == [0, 1, 2] and s["mean"] == pytest.approx(-0.03)
+    figure = tmp_path / "edge.png"
+    table = bench.report(str(tmp_path), str(figure))
+    rows = table.splitlines()[2:]
+    assert [r.split("|")[1].strip() for r in rows] == ["4-5", "8-10"]  # ordered by response length
+    assert figure.stat().st_size > 0
+
+
+def test_edge_sweep_needs_a_length_or_the_report(tmp_path):
+    bench = _load("bench_edge_vs_length")
+    with pytest.raises(SystemExit):
+        bench.main(["--output-dir", str(tmp_path)])
+    with pytest.raises(FileNotFoundError, match="results.json is missing"):
+        (tmp_path / "terms-4-5" / "a").mkdir(parents=True)
+        bench.report(str(tmp_path), str(tmp_path / "x.png"))

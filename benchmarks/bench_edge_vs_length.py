@@ -1,0 +1,167 @@
+#!/usr/bin/env python3
+"""Where GROUP-PPO's edge lies: the demo's arms against PPO at one response length, and the report over lengths.
+
+One length (the pre-registered sweep of docs/results.md, "Edge vs response length")::
+
+    .venv/bin/python benchmarks/bench_edge_vs_length.py --terms 4-5     # also 8-10 and 12-14
+
+runs the demo twice on one shared, cached warm start: group_ppo, gae, sae and grpo on seeds 0-2, then
+group_ppo and gae on seeds 3-5 (6 seeds for the pair the question is about, 3 for the others). The report::
+
+    .venv/bin/python benchmarks/bench_edge_vs_length.py --report
+
+reads every length found under ``--output-dir``, prints the table of paired differences to PPO (final sampled
+accuracy and curve area, mean +- 2 paired standard errors, the rule's verdict) with the mean response length,
+and draws ``docs/edge_vs_length.png`` (``--figure``). Nothing is tuned per arm: every arm runs the demo's
+defaults (``lam`` 1, the same critic recipe and warm-up).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from typing import Any
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: the runs of one length: (name, arms, seeds)
+PARTS = (("a", "group_ppo,gae,sae,grpo", "0,1,2"), ("b", "group_ppo,gae", "3,4,5"))
+#: the differences the question is about: (arm, baseline)
+PAIRS = (("group_ppo", "gae"), ("sae", "gae"))
+
+
+def demo_argv(terms: str, part: tuple[str, str, str], out_dir: str, steps: int) -> list[str]:
+    """The demo command line of one part of one length."""
+    name, arms, seeds = part
+    return ["--terms", terms, "--steps", str(steps), "--estimators", arms, "--seeds", seeds,
+            "--output-dir", os.path.join(out_dir, name), "--no-progress"]
+
+
+def run_length(terms: str, out_root: str, steps: int) -> str:
+    """Both parts of one length; the second reuses the first's warm-start cache. Returns the length's folder."""
+    from verl_group_ppo.demo.cli import main as demo_main
+
+    out_dir = os.path.join(out_root, f"terms-{terms}")
+    for part in PARTS:
+        os.makedirs(os.path.join(out_dir, part[0]), exist_ok=True)
+        cache = os.path.join(out_dir, part[0], "cache")
+        if part[0] != PARTS[0][0] and not os.path.exists(cache):
+            os.symlink(os.path.abspath(os.path.join(out_dir, PARTS[0][0], "cache")), cache)
+        argv = demo_argv(terms, part, out_dir, steps)
+        print(f"[edge] terms {terms}, part {part[0]}: python -m verl_group_ppo.demo {' '.join(argv)}", flush=True)
+        if demo_main(argv) != 0:
+            raise SystemExit(f"the demo failed for terms {terms}, part {part[0]}")
+    return out_dir
+
+
+def load_length(out_dir: str) -> dict[str, Any]:
+    """Every run of one length (both parts) and its mean response length over all runs and steps."""
+    runs, lengths, meta = [], [], {}
+    for name, _, _ in PARTS:
+        path = os.path.join(out_dir, name, "results.json")
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"{path} is missing: run this length first (--terms)")
+        with open(path) as f:
+            data = json.load(f)
+        runs += data["runs"]
+        meta = meta or data["meta"]
+        with open(os.path.join(out_dir, name, "metrics.jsonl")) as f:
+            lengths += [rec["response_length/mean"] for rec in map(json.loads, f) if "response_length/mean" in rec]
+    return {"runs": runs, "mean_response_length": sum(lengths) / len(lengths), "meta": meta}
+
+
+def differences(runs: list[dict]) -> dict[str, dict[str, dict]]:
+    """Paired differences (final accuracy and curve area) of each pair in :data:`PAIRS`, with the rule's verdict."""
+    from verl_group_ppo.demo.report import paired_difference, verdict
+
+    def per_seed(arm: str, key: str) -> dict[int, float]:
+        return {r["seed"]: r[key] for r in runs if r["estimator"] == arm}
+
+    out: dict[str, dict[str, dict]] = {}
+    for arm, base in PAIRS:
+        out[f"{arm}-{base}"] = {}
+        for metric, key in (("final", "final_eval_accuracy"), ("area", "curve_area")):
+            diff = paired_difference(per_seed(arm, key), per_seed(base, key))
+            out[f"{arm}-{base}"][metric] = {**diff, "verdict": verdict(diff)}
+    return out
+
+
+def _cell(d: dict) -> str:
+    if d["mean"] is None:
+        return "n/a"
+    two_se = "n/a" if d["se"] is None else f"{2 * d['se']:.3f}"
+    return f"{d['mean']:+.3f} +- {two_se} ({len(d['seeds'])} seeds, {d['verdict']})"
+
+
+def report(out_root: str, figure: str) -> str:
+    """The table over every length found under ``out_root`` (markdown) and the figure."""
+    rows = []
+    for entry in sorted(os.listdir(out_root)):
+        if entry.startswith("terms-"):
+            data = load_length(os.path.join(out_root, entry))
+            rows.append((entry[len("terms-"):], data["mean_response_length"], differences(data["runs"])))
+    if not rows:
+        raise SystemExit(f"no length found under {out_root}: run one first (--terms 4-5)")
+    rows.sort(key=lambda r: r[1])
+    lines = ["| terms | mean response length (tokens) | GROUP-PPO - PPO, final | GROUP-PPO - PPO, area "
+             "| SAE - PPO, final | SAE - PPO, area |", "|---|---|---|---|---|---|"]
+    for terms, length, diff in rows:
+        g, s = diff["group_ppo-gae"], diff["sae-gae"]
+        lines.append(f"| {terms} | {length:.1f} | {_cell(g['final'])} | {_cell(g['area'])} | {_cell(s['final'])} "
+                     f"| {_cell(s['area'])} |")
+    plot(rows, figure)
+    return "\n".join(lines)
+
+
+def plot(rows: list, path: str) -> None:
+    """Differences to PPO (mean +- 2 paired SE) against mean response length, final accuracy and curve area."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharex=True)
+    for ax, metric in zip(axes, ("final", "area")):
+        for (pair, label, color, shift) in (("group_ppo-gae", "GROUP-PPO - PPO", "#d62728", -0.3),
+                                            ("sae-gae", "SAE - PPO", "#8c564b", 0.3)):
+            xs = [length + shift for _, length, _ in rows]
+            ys = [d[pair][metric]["mean"] for _, _, d in rows]
+            errs = [2 * (d[pair][metric]["se"] or math.nan) for _, _, d in rows]
+            ax.errorbar(xs, ys, yerr=errs, fmt="o-", color=color, capsize=4, label=label)
+        ax.axhline(0.0, color="grey", lw=0.8)
+        ax.set_xlabel("mean response length (tokens)")
+        ax.set_ylabel("final sampled accuracy difference" if metric == "final" else "curve area difference")
+        ax.set_title(f"{'final accuracy' if metric == 'final' else 'learning-curve area'} vs PPO (+- 2 SE)")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--terms", help="run one length, e.g. 4-5, 8-10 or 12-14")
+    p.add_argument("--report", action="store_true", help="print the table over all lengths and draw the figure")
+    p.add_argument("--steps", type=int, default=150, help="RL steps per run (default: 150)")
+    p.add_argument("--output-dir", default=os.path.join(REPO, "runs", "edge-vs-length"),
+                   help="where each length's runs go (default: runs/edge-vs-length)")
+    p.add_argument("--figure", default=os.path.join(REPO, "docs", "edge_vs_length.png"),
+                   help="the report's figure (default: docs/edge_vs_length.png)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if not args.terms and not args.report:
+        build_parser().error("give --terms MIN-MAX (run one length) or --report")
+    if args.terms:
+        run_length(args.terms, args.output_dir, args.steps)
+    if args.report:
+        print(report(args.output_dir, args.figure))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
