@@ -7,6 +7,7 @@ The trainers are verl's registered v1 classes built by their real ``__init__``; 
 from __future__ import annotations
 
 import json
+import logging
 import os
 from functools import partial
 from types import SimpleNamespace
@@ -277,6 +278,41 @@ def test_other_estimators_dump_no_groups(ray_tq, tmp_path):
     trainer._log_rollout_data(out, {}, str(tmp_path))
     trainer._shutdown_dump_executor()
     assert os.listdir(tmp_path) == ["1.jsonl"]
+
+
+# ----------------------------------------------------------------------------------------------------
+# the start-up line
+
+
+def startup_lines(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.name.startswith("verl_group_ppo") and "adv_estimator=group_ppo active" in r.getMessage()]
+
+
+@pytest.mark.parametrize("mode", ["sync", "colocate_async"])
+def test_a_group_ppo_trainer_logs_one_start_up_line_naming_estimator_trainer_and_settings(caplog, mode):
+    with caplog.at_level(logging.INFO):
+        trainer = U.make_trainer(["++algorithm.group_params.group_max_size=8", "algorithm.lam=0.9"], mode=mode)
+    group = ", ".join(f"{k}={v}" for k, v in trainer.group_settings.group.to_dict().items())
+    assert startup_lines(caplog) == [
+        f"verl-group-ppo: algorithm.adv_estimator=group_ppo active (trainer: {type(trainer).__name__}, "
+        f"trainer_mode: {mode}); gamma=1.0, lam=0.9, norm_adv_by_std_in_grpo=True; group_params: {group}"]
+    assert type(trainer).__name__.startswith("GroupPPOTrainer") and "group_max_size=8" in group
+
+
+def test_other_estimators_log_no_start_up_line(caplog):
+    with caplog.at_level(logging.INFO):
+        U.make_trainer(["algorithm.adv_estimator=grpo"])
+    assert startup_lines(caplog) == []
+
+
+def test_the_start_up_line_shows_at_verls_default_log_level(caplog):
+    # `import verl` sets the root logger to WARNING; the trainer module's logger is at INFO, as verl's are
+    import verl_group_ppo.integration.trainer as trainer_module
+
+    assert trainer_module.logger.getEffectiveLevel() <= logging.INFO
+    U.make_trainer()
+    assert len(startup_lines(caplog)) == 1
 
 
 # ----------------------------------------------------------------------------------------------------

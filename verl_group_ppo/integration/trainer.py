@@ -9,6 +9,13 @@ half-imported module back and the install still happens here, once, when the imp
 
 With any estimator other than ``group_ppo`` every method below hands straight to verl's. With ``group_ppo``:
 
+- ``__init__`` logs one INFO line (:func:`startup_line`), so the run's log shows GROUP-PPO is active::
+
+    verl-group-ppo: algorithm.adv_estimator=group_ppo active (trainer: GroupPPOTrainerSync, trainer_mode: sync);
+    gamma=1.0, lam=1.0, norm_adv_by_std_in_grpo=True; group_params: group_variance_threshold=1.0, ...
+
+  (one line in the log; its level follows ``VERL_LOGGING_LEVEL``, INFO by default, as verl's own lines).
+
 - ``_compute_advantage`` fetches the critic's values (and old log-probs for the ``low_prob`` rule, and
   ``loss_mask``) from TransferQueue and runs verl's own advantage step inside
   :func:`~verl_group_ppo.integration.estimator.estimator_inputs`, so KL-in-reward, rollout correction
@@ -25,6 +32,7 @@ With any estimator other than ``group_ppo`` every method below hands straight to
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any, Optional
 
 import torch
@@ -47,7 +55,8 @@ from verl_group_ppo.integration.critic_loss import CRITIC_WEIGHTS_KEY, make_crit
 from verl_group_ppo.integration.estimator import estimator_inputs
 from verl_group_ppo.integration.failures import guarded
 
-logger = logging.getLogger("verl_group_ppo")
+logger = logging.getLogger(__name__)
+logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "INFO"))  # as verl's trainer modules: INFO lines show
 
 DUMP_FIELDS = ["uid", "responses", "rm_scores"]
 """What the groups dump reads from TransferQueue besides the estimator's inputs."""
@@ -70,6 +79,8 @@ class GroupPPOTrainerMixin:
                     "by hand after verl's trainer, or VERL_USE_EXTERNAL_PLUGINS set to exclude group_ppo?)")
             self.group_settings = read_algorithm_settings(config.algorithm)
             self.group_threshold = AdaptiveThreshold(self.group_settings.group)
+            logger.info(startup_line(type(self).__name__, select(config, "trainer.v1.trainer_mode", "sync"),
+                                     self.group_settings))
 
     # ------------------------------------------------------------------ setup
 
@@ -156,6 +167,15 @@ class GroupPPOTrainerMixin:
             return
         self.group_threshold.load_state_dict(state["threshold_state"])
         logger.info("verl-group-ppo: resumed threshold %s from %s", self.group_threshold.value, folder)
+
+
+def startup_line(trainer: str, trainer_mode: str, settings: AlgorithmSettings) -> str:
+    """The line a GROUP-PPO run logs when its trainer is built: the estimator, the trainer class and mode,
+    and every setting the estimator reads."""
+    group = ", ".join(f"{key}={value}" for key, value in settings.group.to_dict().items())
+    return (f"verl-group-ppo: algorithm.adv_estimator={ESTIMATOR_NAME} active (trainer: {trainer}, "
+            f"trainer_mode: {trainer_mode}); gamma={settings.gamma}, lam={settings.lam}, "
+            f"norm_adv_by_std_in_grpo={settings.norm_adv_by_std_in_grpo}; group_params: {group}")
 
 
 # ==================================================================================================
