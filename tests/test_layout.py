@@ -157,19 +157,14 @@ def test_reachable_follows_imports_transitively():
     assert _reachable({"a": {"b"}, "b": {"c"}, "c": set(), "d": {"a"}}, "a") == {"b", "c"}
 
 
-def test_cpu_backend_imports_neither_demo_nor_tinytask():
+@pytest.mark.parametrize("package,forbidden", [
+    ("verl_group_ppo.cpu", ("verl_group_ppo.demo", "verl_group_ppo.tinytask")),  # the CPU backend is verl's only
+    ("verl_group_ppo.tinytask", ("verl_group_ppo.demo", "verl_group_ppo.cpu")),  # the task stands alone
+])
+def test_package_reaches_none_of_the_forbidden_ones(package, forbidden):
     graph = _import_graph()
-    for name in (m for m in graph if _in_package(m, "verl_group_ppo.cpu")):
-        bad = {m for m in _reachable(graph, name)
-               if _in_package(m, "verl_group_ppo.demo") or _in_package(m, "verl_group_ppo.tinytask")}
-        assert not bad, f"{name} imports {sorted(bad)}"
-
-
-def test_tinytask_imports_nothing_of_the_demo_or_the_cpu_backend():
-    graph = _import_graph()
-    for name in (m for m in graph if _in_package(m, "verl_group_ppo.tinytask")):
-        bad = {m for m in _reachable(graph, name)
-               if _in_package(m, "verl_group_ppo.demo") or _in_package(m, "verl_group_ppo.cpu")}
+    for name in (m for m in graph if _in_package(m, package)):
+        bad = {m for m in _reachable(graph, name) if any(_in_package(m, f) for f in forbidden)}
         assert not bad, f"{name} imports {sorted(bad)}"
 
 
