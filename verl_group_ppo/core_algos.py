@@ -162,7 +162,7 @@ def compute_group_ppo_outputs(
         group_ids=group_ids,
         endpoint_mask=endpoint_mask,
         critic_mask=critic_mask,
-        critic_loss_weights=boundary_loss_weights(critic_mask, batch.valid_bt, dtype=critic_mask.dtype),
+        critic_loss_weights=_boundary_weights(critic_mask, batch.n_valid, len(sizes)),
         threshold=tau,
         boundary_explained_variance=ev,
         mean_group_size=mean_size,
@@ -277,11 +277,8 @@ def boundary_loss_weights(critic_mask: torch.Tensor, count_mask: torch.Tensor, *
     if counted.shape != boundary.shape:
         raise ValueError(f"count_mask must have the shape of critic_mask {tuple(boundary.shape)}, "
                          f"got {tuple(counted.shape)}")
-    weights = boundary.to(dtype)
-    n_boundary = int(torch.count_nonzero(boundary))
-    if n_boundary == 0:
-        return weights
-    return weights.mul_(int(torch.count_nonzero(counted)) / n_boundary)
+    return _boundary_weights(boundary.to(dtype), int(torch.count_nonzero(counted)),
+                             int(torch.count_nonzero(boundary)))
 
 
 def explained_variance(returns: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, *, eps: float = 1e-6) -> float:
@@ -597,6 +594,12 @@ def _normalize_advantages_(x, invalid_tm, n_valid: int, groups: Optional[_Groups
     if norm_by_std:
         x.div_(std[row_pid] + eps)
     x.masked_fill_(invalid_tm, 0.0)
+
+
+def _boundary_weights(critic_mask: torch.Tensor, n_counted: int, n_boundary: int) -> torch.Tensor:
+    """:func:`boundary_loss_weights` from checked inputs: ``critic_mask`` (B, T) float 0/1 with
+    ``n_boundary`` ones, times ``n_counted / n_boundary`` (a new tensor; all 0 without a boundary)."""
+    return critic_mask * (n_counted / n_boundary) if n_boundary else critic_mask.clone()
 
 
 def _locate_groups(starts_tm: torch.Tensor, x_tm: torch.Tensor) -> _Groups:
