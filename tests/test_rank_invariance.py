@@ -18,7 +18,7 @@ import verl_group_ppo_testutils_cpu as C
 import verl_group_ppo_testutils_integration as U
 import verl_group_ppo_testutils_ranks as R
 
-from verl_group_ppo.core_algos import boundary_loss_weights, compute_group_ppo_outputs
+from verl_group_ppo.core_algos import boundary_loss_weights, compute_group_advantage, compute_group_ppo_outputs
 from verl_group_ppo.config import read_algorithm_settings
 from verl_group_ppo.integration.critic_loss import CRITIC_WEIGHTS_KEY, make_critic_loss_fn
 
@@ -31,29 +31,35 @@ TOKEN_BUDGET = 24  # use_dynamic_bsz: tokens per micro-batch per rank
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    """A tiny Qwen2 with its value head saved, so no rank initialises a weight at random."""
+def model_dirs(tmp_path_factory) -> dict[str, str]:
+    """A tiny Qwen2 policy and its critic (the same trunk and a saved value head), so no rank initialises a
+    weight at random."""
     from transformers import Qwen2ForTokenClassification
 
-    path = str(tmp_path_factory.mktemp("tiny_qwen2"))
-    policy = C.save_tiny_qwen2(path, seed=0)
-    torch.manual_seed(1)
+    policy_dir, critic_dir = (str(tmp_path_factory.mktemp(name)) for name in ("policy", "critic"))
+    policy = C.save_tiny_qwen2(policy_dir, seed=0)
     config = {k: v for k, v in policy.config.to_dict().items() if k not in ("id2label", "label2id")}
+    torch.manual_seed(1)
     critic = Qwen2ForTokenClassification(policy.config.__class__(**config, num_labels=1))
     critic.model.load_state_dict(policy.model.state_dict())
-    critic.save_pretrained(path)
-    return path
+    critic.save_pretrained(critic_dir)
+    return {"policy": policy_dir, "critic": critic_dir}
 
 
 def _critic_overrides(model_dir: str, strategy: str, dynamic: bool, rmpad: bool) -> list[str]:
+    """verl 0.9.1's v1 trainer builds the critic's engine from ``critic.fsdp`` (``use_dynamic_bsz`` True by
+    default) with ``critic.ppo_infer_max_token_len_per_gpu`` as its token budget; ``critic.use_dynamic_bsz`` and
+    ``critic.ppo_micro_batch_size_per_gpu`` do not reach it. So padded micro-batches are set on ``critic.fsdp``."""
+    micro = [f"critic.use_dynamic_bsz={dynamic}", f"+critic.ppo_infer_max_token_len_per_gpu={TOKEN_BUDGET}"]
+    if not dynamic:
+        micro += ["++critic.fsdp.use_dynamic_bsz=False", f"++critic.fsdp.micro_batch_size_per_gpu={MICRO}",
+                  f"critic.ppo_micro_batch_size_per_gpu={MICRO}"]
     return [f"critic.model.path={model_dir}", "++critic.model.load_tokenizer=False",
             "+critic.model.override_config.attn_implementation=sdpa",
             f"critic.model.use_remove_padding={rmpad}", "critic.model.enable_gradient_checkpointing=False",
             f"critic.strategy={strategy}", "++critic.fsdp.mixed_precision.param_dtype=fp32",
             "critic.fsdp.use_torch_compile=False", "critic.optim.optimizer=SGD", "critic.optim.lr=1.0",
-            "critic.optim.weight_decay=0.0", "critic.optim.clip_grad=1e9",
-            f"critic.ppo_micro_batch_size_per_gpu={MICRO}", f"critic.use_dynamic_bsz={dynamic}",
-            f"critic.ppo_max_token_len_per_gpu={TOKEN_BUDGET}"]
+            "critic.optim.weight_decay=0.0", "critic.optim.clip_grad=1e9", *micro]
 
 
 def critic_worker_config(model_dir: str, strategy: str, dynamic: bool, rmpad: bool):
@@ -70,26 +76,98 @@ def critic_worker_config(model_dir: str, strategy: str, dynamic: bool, rmpad: bo
     return worker, cfg
 
 
-def critic_batch(seed: int = 0):
-    """The global batch as the critic worker receives it (no-padding layout: nested per response)."""
+def _rows(seed: int) -> list[dict]:
+    """Per-response fields (uneven lengths, a hole in ``response_mask``), tokens inside the tiny vocabulary."""
+    samples = U.make_samples(N_PROMPTS, N_PER_PROMPT, max_response=12, seed=seed, with_padding_row=False)
+    return [{"prompts": s["prompts"] % C.VOCAB, "responses": s["responses"] % C.VOCAB,
+             "response_mask": s["response_mask"], "loss_mask": s["loss_mask"], "values": s["values"],
+             "old_log_probs": s["old_log_probs"], "rm_scores": s["rm_scores"], "uid": s["uid"]} for s in samples]
+
+
+def _worker_batch(rows: list[dict], per_token: dict[str, torch.Tensor]):
+    """The batch as the worker receives it (verl's no-padding layout: nested per response), with the (B, T)
+    ``per_token`` fields cut to each response's length."""
     from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 
-    samples = U.make_samples(N_PROMPTS, N_PER_PROMPT, max_response=12, seed=seed, with_padding_row=False)
-    rows = [{"prompts": s["prompts"] % C.VOCAB, "responses": s["responses"] % C.VOCAB,
-             "response_mask": s["response_mask"], "loss_mask": s["loss_mask"], "values": s["values"],
-             "rm_scores": s["rm_scores"], "uid": s["uid"]} for s in samples]
-    padded = list_of_dict_to_tensordict(rows).to_padded_tensor()
-    settings = read_algorithm_settings(None)
-    out = compute_group_ppo_outputs(padded["rm_scores"], padded["response_mask"], values=padded["values"],
-                                    settings=settings, index=[r["uid"] for r in rows])
-    weights = boundary_loss_weights(out.critic_mask, padded["loss_mask"])
+    out = []
     for i, row in enumerate(rows):
         n = len(row["responses"])
         seq = torch.cat([row["prompts"], row["responses"]])
-        row.update(input_ids=seq, position_ids=torch.arange(len(seq)), returns=out.returns[i, :n].float(),
-                   advantages=out.advantages[i, :n].float(), **{CRITIC_WEIGHTS_KEY: weights[i, :n]})
-        row.pop("uid"), row.pop("rm_scores")
-    return list_of_dict_to_tensordict(rows)
+        out.append({**{k: v for k, v in row.items() if k not in ("uid", "rm_scores")}, "input_ids": seq,
+                    "position_ids": torch.arange(len(seq)),
+                    **{k: v[i, :n].float() for k, v in per_token.items()}})
+    return list_of_dict_to_tensordict(out)
+
+
+def _padded(rows: list[dict]):
+    from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
+    return list_of_dict_to_tensordict(rows).to_padded_tensor()
+
+
+def critic_batch(seed: int = 0):
+    """Critic fields: returns and GROUP-PPO's boundary weights from the advantage step over the whole batch."""
+    rows = _rows(seed)
+    padded = _padded(rows)
+    out = compute_group_ppo_outputs(padded["rm_scores"], padded["response_mask"], values=padded["values"],
+                                    settings=read_algorithm_settings(None), index=[r["uid"] for r in rows])
+    weights = boundary_loss_weights(out.critic_mask, padded["loss_mask"])
+    return _worker_batch(rows, {"returns": out.returns, CRITIC_WEIGHTS_KEY: weights})
+
+
+def actor_batch(seed: int = 0):
+    """Actor fields: GROUP-PPO's group-broadcast advantages (compute_group_advantage over the whole batch)."""
+    rows = _rows(seed)
+    padded = _padded(rows)
+    advantages, _ = compute_group_advantage(padded["rm_scores"], padded["response_mask"], values=padded["values"],
+                                            index=[r["uid"] for r in rows])
+    return _worker_batch(rows, {"advantages": advantages})
+
+
+def _actor_overrides(model_dir: str, strategy: str, dynamic: bool, rmpad: bool) -> list[str]:
+    pre = "actor_rollout_ref"
+    return [f"{pre}.model.path={model_dir}", f"++{pre}.model.load_tokenizer=False",
+            f"+{pre}.model.override_config.attn_implementation=sdpa", f"{pre}.model.use_remove_padding={rmpad}",
+            f"{pre}.model.enable_gradient_checkpointing=False", f"{pre}.actor.strategy={strategy}",
+            f"++{pre}.actor.fsdp_config.mixed_precision.param_dtype=fp32", f"{pre}.actor.optim.optimizer=SGD",
+            f"{pre}.actor.optim.lr=1.0", f"{pre}.actor.optim.weight_decay=0.0", f"{pre}.actor.optim.clip_grad=1e9",
+            f"{pre}.actor.ppo_micro_batch_size_per_gpu={MICRO}", f"{pre}.actor.use_dynamic_bsz={dynamic}",
+            f"{pre}.actor.ppo_max_token_len_per_gpu={TOKEN_BUDGET}", f"{pre}.actor.use_kl_loss=False",
+            f"{pre}.actor.entropy_coeff=0.0"]
+
+
+def actor_worker_config(model_dir: str, strategy: str, dynamic: bool, rmpad: bool):
+    """The actor's TrainingWorkerConfig and ``ppo_loss`` exactly as verl's ActorRolloutRefWorker.init_model builds
+    them."""
+    from verl.utils.config import omega_conf_to_dataclass
+    from verl.workers.config import TrainingWorkerConfig
+    from verl.workers.utils.losses import ppo_loss
+
+    cfg = U.compose_config(_actor_overrides(model_dir, strategy, dynamic, rmpad))
+    model_config = omega_conf_to_dataclass(cfg.actor_rollout_ref.model)
+    actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+    actor.model_config = model_config
+    worker = TrainingWorkerConfig(model_type="language_model", model_config=model_config,
+                                  engine_config=actor.engine, optimizer_config=actor.optim,
+                                  checkpoint_config=actor.checkpoint)
+    worker.engine_config.use_dynamic_bsz = actor.use_dynamic_bsz
+    worker.engine_config.max_token_len_per_gpu = actor.ppo_max_token_len_per_gpu
+    worker.engine_config.micro_batch_size_per_gpu = actor.ppo_micro_batch_size_per_gpu
+    worker.engine_config.use_remove_padding = rmpad
+    return worker, functools.partial(ppo_loss, config=actor)
+
+
+def _compare_updates(worker, loss_fn, batch, label: str) -> float:
+    """Train ``batch`` as one mini-batch at 1 and at 2 ranks; return the max relative update difference."""
+    n = batch.batch_size[0]
+    extra = dict(global_batch_size=n, mini_batch_size=n, epochs=1, seed=1, dataloader_kwargs={"shuffle": False},
+                 temperature=1.0)
+    spec = dict(worker_config=worker, loss_fn=loss_fn, batch=batch, extra=extra)
+    up1, up2 = (_updates(result) for result in R.run_updates(spec, (1, 2)))
+    assert max(float(v.abs().max()) for v in up1.values()) > 1e-4, "the update must move the model"
+    diff = _max_rel_diff(up1, up2)
+    print(f"{label}: max relative update difference {diff:.2e}")
+    return diff
 
 
 def _updates(result: dict) -> dict[str, torch.Tensor]:
@@ -107,22 +185,36 @@ FSDP1_SKIP = ("verl's `fsdp` strategy (torch FSDP1) cannot run on a CPU: verl wr
               "buffers when `sync_module_states=True`')")
 STRATEGIES = [pytest.param("fsdp", marks=pytest.mark.skip(reason=FSDP1_SKIP)), "fsdp2"]
 MODES = ["padded", "dynamic_bsz", "remove_padding"]
+"""padded: fixed micro-batches of MICRO responses; dynamic_bsz: TOKEN_BUDGET tokens per micro-batch;
+remove_padding: use_remove_padding=True with the token budget (the recipes' setting)."""
+
+
+def _mode(mode: str) -> dict[str, bool]:
+    return {"dynamic": mode != "padded", "rmpad": mode == "remove_padding"}
+
+
+def _check_engine(worker, mode: str) -> None:
+    """The engine runs the micro-batching the case names (so a config change cannot empty the test)."""
+    engine = worker.engine_config
+    assert engine.use_dynamic_bsz == (mode != "padded")
+    if mode == "padded":
+        assert engine.micro_batch_size_per_gpu == MICRO
+    else:
+        assert engine.max_token_len_per_gpu == TOKEN_BUDGET
 
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_critic_update_rank_invariant(model_dir, strategy, mode):
-    worker, cfg = critic_worker_config(model_dir, strategy, dynamic=mode == "dynamic_bsz",
-                                       rmpad=mode == "remove_padding")
+def test_critic_update_rank_invariant(model_dirs, strategy, mode):
+    worker, cfg = critic_worker_config(model_dirs["critic"], strategy, **_mode(mode))
+    _check_engine(worker, mode)
     loss_fn = make_critic_loss_fn(cfg.critic, "boundaries")
-    batch = critic_batch()
-    n = batch.batch_size[0]
-    extra = dict(global_batch_size=n, mini_batch_size=n, epochs=1, seed=1, dataloader_kwargs={"shuffle": False},
-                 temperature=1.0)
-    spec = dict(worker_config=worker, loss_fn=loss_fn, batch=batch, extra=extra)
-    one, two = R.run_update(spec, 1), R.run_update(spec, 2)
-    up1, up2 = _updates(one), _updates(two)
-    assert max(float(v.abs().max()) for v in up1.values()) > 1e-4, "the update must move the critic"
-    diff = _max_rel_diff(up1, up2)
-    print(f"critic {strategy} {mode}: max relative update difference {diff:.2e}")
-    assert diff <= RTOL
+    assert _compare_updates(worker, loss_fn, critic_batch(), f"critic {strategy} {mode}") <= RTOL
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_actor_update_rank_invariant(model_dirs, strategy, mode):
+    worker, loss_fn = actor_worker_config(model_dirs["policy"], strategy, **_mode(mode))
+    _check_engine(worker, mode)
+    assert _compare_updates(worker, loss_fn, actor_batch(), f"actor {strategy} {mode}") <= RTOL

@@ -30,29 +30,38 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def run_update(spec: dict[str, Any], world_size: int, timeout: float = 240) -> dict[str, Any]:
-    """Run one ``train_mini_batch`` of ``spec`` on ``world_size`` ranks; return rank 0's result.
+def run_updates(spec: dict[str, Any], world_sizes: tuple[int, ...] = (1, 2), timeout: float = 240) -> list[dict]:
+    """Run one ``train_mini_batch`` of ``spec`` at each of ``world_sizes`` ranks (all at once); return each
+    run's rank-0 result.
 
     ``spec``: ``worker_config`` (verl's TrainingWorkerConfig), ``loss_fn``, ``batch`` (the global
     TensorDict) and ``extra`` (the non-tensor fields the trainer adds: mini_batch_size, global_batch_size...).
-    The result holds ``before`` and ``after`` (full state dicts) and ``metrics``.
+    A result holds ``before`` and ``after`` (full state dicts) and ``metrics``.
     """
     with tempfile.TemporaryDirectory() as tmp:
-        spec_path, out_path = os.path.join(tmp, "spec.pt"), os.path.join(tmp, "out.pt")
+        spec_path = os.path.join(tmp, "spec.pt")
         torch.save(spec, spec_path)
-        env = {k: v for k, v in os.environ.items() if k not in ("VERL_ENGINE_DEVICE",)}
-        env.update(VERL_PLATFORM="cpu", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
-                   WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size), OMP_NUM_THREADS="1",
-                   TOKENIZERS_PARALLELISM="false",
-                   PYTHONPATH=os.pathsep.join([REPO_ROOT] + [p for p in [env.get("PYTHONPATH")] if p]))
-        procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), spec_path, out_path],
-                                  env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, cwd=REPO_ROOT,
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-                 for r in range(world_size)]
-        logs = [p.communicate(timeout=timeout)[0] for p in procs]
-        for rank, (proc, log) in enumerate(zip(procs, logs)):
-            assert proc.returncode == 0, f"rank {rank} failed (rc={proc.returncode}):\n{log[-5000:]}"
-        return torch.load(out_path, weights_only=False)
+        runs = [(world, os.path.join(tmp, f"out{world}.pt"), _launch(spec_path, os.path.join(tmp, f"out{world}.pt"),
+                                                                      world))
+                for world in world_sizes]
+        for world, _, procs in runs:
+            for rank, proc in enumerate(procs):
+                log = proc.communicate(timeout=timeout)[0]
+                assert proc.returncode == 0, f"world {world} rank {rank} failed (rc={proc.returncode}):\n{log[-5000:]}"
+        return [torch.load(out, weights_only=False) for _, out, _ in runs]
+
+
+def _launch(spec_path: str, out_path: str, world_size: int) -> list[subprocess.Popen]:
+    """Start ``world_size`` rank processes of this file, with the environment Ray gives verl's workers."""
+    env = {k: v for k, v in os.environ.items() if k not in ("VERL_ENGINE_DEVICE",)}
+    env.update(VERL_PLATFORM="cpu", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
+               WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size), OMP_NUM_THREADS="1",
+               TOKENIZERS_PARALLELISM="false",
+               PYTHONPATH=os.pathsep.join([REPO_ROOT] + [p for p in [env.get("PYTHONPATH")] if p]))
+    return [subprocess.Popen([sys.executable, os.path.abspath(__file__), spec_path, out_path],
+                             env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, cwd=REPO_ROOT,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            for r in range(world_size)]
 
 
 def _full_state_dict(module: Any) -> dict[str, torch.Tensor]:
