@@ -218,3 +218,66 @@ def test_actor_update_rank_invariant(model_dirs, strategy, mode):
     worker, loss_fn = actor_worker_config(model_dirs["policy"], strategy, **_mode(mode))
     _check_engine(worker, mode)
     assert _compare_updates(worker, loss_fn, actor_batch(), f"actor {strategy} {mode}") <= RTOL
+
+
+# --------------------------------------------------------------------------------------------------
+# item 2: the advantage step runs in the driver over the whole batch, whatever the dp size
+
+
+def _half_outputs(meta, settings, threshold: float) -> list:
+    """What a per-rank advantage step would compute: the core on each contiguous share verl's dispatch
+    (``BatchData(meta).chunk(2)``) sends a rank."""
+    from types import SimpleNamespace
+
+    from verl.protocol import BatchData
+
+    sizes = [len(chunk.global_indexes) for chunk in BatchData(meta).chunk(2)]
+    halves, start = [], 0
+    for size in sizes:
+        half = SimpleNamespace(keys=list(meta.keys[start:start + size]), partition_id=meta.partition_id)
+        start += size
+        stored = U.get_padded(half, ["response_mask", "values", "rm_scores"])
+        index = [key.split("_")[0] for key in half.keys]
+        halves.append(compute_group_ppo_outputs(stored["rm_scores"], stored["response_mask"],
+                                                values=stored["values"], settings=settings, index=index,
+                                                threshold=threshold))
+    return halves
+
+
+@pytest.mark.parametrize("adv_norm", ["batch", "prompt"])
+def test_advantage_step_rank_invariant_over_the_whole_batch_at_dp2(ray_tq, adv_norm):
+    """With 2 ranks per node (dp 2), the stored advantages, returns, critic weights, the next threshold and the
+    group/* metrics are the core's over all responses; a per-half (per-rank) computation gives other ones."""
+    from verl_group_ppo.core_algos import AdaptiveThreshold
+
+    trainer = U.make_trainer(["trainer.n_gpus_per_node=2", f"++algorithm.group_params.adv_norm={adv_norm}",
+                              "++algorithm.group_params.threshold_lr=0.5",
+                              "++algorithm.group_params.adaptive_target=group_size",
+                              "++algorithm.group_params.target_group_size=2"])
+    assert trainer.config.trainer.n_gpus_per_node == 2
+    settings = read_algorithm_settings(trainer.config.algorithm)
+    metrics: dict = {}
+    meta = trainer._compute_advantage(U.put_samples(U.make_samples(n_prompts=4, n_per_prompt=2, seed=11)), metrics)
+
+    stored = U.get_padded(meta, ["response_mask", "values", "rm_scores", "loss_mask", "advantages", "returns",
+                                 CRITIC_WEIGHTS_KEY])
+    index = [key.split("_")[0] for key in meta.keys]
+    whole = compute_group_ppo_outputs(stored["rm_scores"], stored["response_mask"], values=stored["values"],
+                                      settings=settings, index=index, threshold=1.0)
+    threshold = AdaptiveThreshold(settings.group)
+    threshold.update(whole)
+    assert torch.equal(stored["advantages"], whole.advantages)
+    assert torch.equal(stored["returns"], whole.returns)
+    assert torch.equal(stored[CRITIC_WEIGHTS_KEY], boundary_loss_weights(whole.critic_mask, stored["loss_mask"]))
+    assert {k: metrics[k] for k in whole.metrics} == whole.metrics
+    assert trainer.group_threshold.value == threshold.value
+
+    halves = _half_outputs(meta, settings, threshold=1.0)
+    per_half_thresholds = [AdaptiveThreshold(settings.group) for _ in halves]
+    for t, half in zip(per_half_thresholds, halves):
+        t.update(half)
+    assert any(t.value != threshold.value for t in per_half_thresholds)
+    assert any(half.metrics != whole.metrics for half in halves)
+    if adv_norm == "batch":  # batch statistics differ per half; prompts are never split by the dispatch here
+        assert not torch.equal(torch.cat([h.advantages.flatten() for h in halves]).sort().values,
+                               whole.advantages.flatten().sort().values)
