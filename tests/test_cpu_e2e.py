@@ -217,6 +217,81 @@ def test_launcher_computes_in_fp32_and_reuses_rollout_log_probs_unless_rollout_c
     assert bypass not in asked and asked[-1] == "algorithm.rollout_correction.rollout_rs=token_k1"
 
 
+SAMPLER_HOOK = "trainer.v1.sampler.custom_sampler.path=pkg://verl_group_ppo.cpu.sampler"
+BYPASS = "algorithm.rollout_correction.bypass_mode=True"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "extra,keeps_sampler,keeps_bypass",
+    [
+        # a value or another key that merely contains the words leaves both settings in
+        ("trainer.experiment_name=no_filter_groups", True, True),
+        ("trainer.experiment_name=rollout_correction_custom_sampler", True, True),
+        ("+trainer.my_filter_groups=1", True, True),
+        ("algorithm.rollout_correction_note=x", True, True),
+        # the keys themselves, with or without a Hydra prefix, take them out
+        ("++algorithm.filter_groups.enable=True", False, True),
+        ("+algorithm.filter_groups.metric=acc", False, True),
+        ("trainer.v1.sampler.sync_refill_failed_groups=True", False, True),
+        ("trainer.v1.sampler.custom_sampler.name=other", False, True),
+        ("~algorithm.rollout_correction", True, False),
+        ("++algorithm.rollout_correction.rollout_is=token", True, False),
+    ],
+)
+def test_launcher_leaves_settings_out_by_override_key_not_substring(tmp_path, extra, keeps_sampler, keeps_bypass):
+    args = _launcher_args(tmp_path, extra)
+    assert (SAMPLER_HOOK in args) == keeps_sampler, args
+    assert (BYPASS in args) == keeps_bypass, args
+    assert args[-1] == extra
+
+
+@pytest.mark.slow
+def test_launcher_usage_prints_exactly_its_header_comment(tmp_path):
+    proc = subprocess.run(["bash", str(LAUNCHER)], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2
+    lines = LAUNCHER.read_text().splitlines()
+    end = next(i for i, line in enumerate(lines[1:], start=1) if not line.startswith("#"))
+    header = [line[2:] if line.startswith("# ") else line[1:] for line in lines[1:end]]
+    assert proc.stderr.splitlines() == header
+    assert "N_RANKS" in proc.stderr and "set -euo" not in proc.stderr
+
+
+def _arg_value(args: list[str], key: str) -> str:
+    values = [a.split("=", 1)[1] for a in args if a.split("=", 1)[0] == key]
+    assert values, key
+    return values[-1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n_ranks,micro", [(None, 32), ("2", 32), ("4", 16)])
+def test_launcher_n_ranks_sets_the_gpu_count_and_a_micro_batch_that_divides(tmp_path, monkeypatch, n_ranks, micro):
+    if n_ranks is None:
+        monkeypatch.delenv("N_RANKS", raising=False)
+    else:
+        monkeypatch.setenv("N_RANKS", n_ranks)
+    args = _launcher_args(tmp_path)
+    ranks = int(n_ranks or 1)
+    assert _arg_value(args, "trainer.n_gpus_per_node") == str(ranks)
+    assert _arg_value(args, "++ray_kwargs.ray_init.num_gpus") == str(ranks)
+    n = int(_arg_value(args, "actor_rollout_ref.rollout.n"))
+    for mini_key, micro_key in [("actor_rollout_ref.actor.ppo_mini_batch_size", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"),
+                                ("critic.ppo_mini_batch_size", "critic.ppo_micro_batch_size_per_gpu")]:
+        assert int(_arg_value(args, micro_key)) == micro
+        per_rank = int(_arg_value(args, mini_key)) * n // ranks
+        assert per_rank % micro == 0, (mini_key, per_rank, micro)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bad", ["0", "3", "two", "-2"])
+def test_launcher_rejects_a_rank_count_that_does_not_divide_the_batch(tmp_path, bad):
+    env = {**os.environ, "WORK_DIR": str(tmp_path), "PYTHON": "false", "N_RANKS": bad}
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "prepare.json").write_text("{}")
+    proc = subprocess.run(["bash", str(LAUNCHER), "group_ppo"], env=env, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2 and "N_RANKS" in proc.stderr, proc.stderr
+
+
 # ---------------------------------------------------------------------------------------- end-to-end
 
 

@@ -17,6 +17,15 @@
 #   PYTHON    interpreter with verl and verl-group-ppo (default: the repository's .venv/bin/python
 #             when present, else python3)
 #   NICE      nice level of the run (default 5: the run yields to interactive work)
+#   N_RANKS   trainer ranks (CPU processes, one per "GPU" verl sees; default 1): sets trainer.n_gpus_per_node
+#             and ++ray_kwargs.ray_init.num_gpus; must divide 64 (the critic's mini-batch in responses), and
+#             the per-rank micro-batch becomes min(32, 64 / N_RANKS) responses so every mini-batch divides
+#
+# Settings the launcher leaves out when an extra override sets them, by key (a leading +, ++ or ~ is
+# ignored; only the key before = counts, never the value):
+#   algorithm.filter_groups.*, trainer.v1.sampler.sync_refill_failed_groups,
+#   trainer.v1.sampler.custom_sampler.*   -> no short-poll sampler (verl's own replay buffer)
+#   algorithm.rollout_correction.*        -> no bypass mode (verl recomputes the old log-probs)
 #
 # Checkpoint: saved after the last step under WORK_DIR/checkpoints/ESTIMATOR/global_step_<N>/ (actor,
 # critic, and GROUP-PPO's threshold); resume with  trainer.resume_mode=auto trainer.total_training_steps=<M>.
@@ -30,12 +39,36 @@
 set -euo pipefail
 
 usage() {
-  sed -n '2,30p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+  # the header comment: from line 2 to the first line that is not a comment
+  awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "${BASH_SOURCE[0]}" >&2
   exit 2
 }
 [ $# -ge 1 ] || usage
 estimator=$1
 shift
+
+# The keys the extra overrides set: `++a.b=1`, `+a.b=1`, `~a.b` and `a.b=1` all set key a.b.
+override_keys=()
+for arg in "$@"; do
+  key=${arg#\~}; key=${key#++}; key=${key#+}
+  override_keys+=("${key%%=*}")
+done
+
+# has_key KEY: true when an extra override sets exactly KEY.
+has_key() {
+  local k
+  for k in ${override_keys[@]+"${override_keys[@]}"}; do [ "$k" = "$1" ] && return 0; done
+  return 1
+}
+
+# has_key_prefix PREFIX: true when an extra override sets PREFIX itself or a key under it (PREFIX.*).
+has_key_prefix() {
+  local k
+  for k in ${override_keys[@]+"${override_keys[@]}"}; do
+    case "$k" in "$1" | "$1".*) return 0 ;; esac
+  done
+  return 1
+}
 case "$estimator" in
   group_ppo) specific=(algorithm.adv_estimator=group_ppo critic.enable=True) ;;
   gae)       specific=(algorithm.adv_estimator=gae critic.enable=True) ;;
@@ -47,6 +80,11 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 WORK_DIR=${WORK_DIR:-$repo/runs/cpu-tiny}
 mkdir -p "$WORK_DIR"
 WORK_DIR=$(cd "$WORK_DIR" && pwd)
+N_RANKS=${N_RANKS:-1}
+if ! [[ "$N_RANKS" =~ ^[1-9][0-9]*$ ]] || [ $((64 % N_RANKS)) -ne 0 ]; then
+  echo "common.sh: N_RANKS='$N_RANKS' must be a positive integer dividing 64 (the critic's mini-batch)" >&2
+  exit 2
+fi
 if [ -z "${PYTHON:-}" ]; then
   if [ -x "$repo/.venv/bin/python" ]; then PYTHON=$repo/.venv/bin/python; else PYTHON=python3; fi
 fi
@@ -63,32 +101,36 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} MKL_NUM_THREADS=${MKL_NUM_THREADS:-
 export WANDB_MODE=${WANDB_MODE:-disabled} HYDRA_FULL_ERROR=1 RAY_DEDUP_LOGS=0
 
 # Per step: 32 prompts x 4 responses = 128 responses; one actor update per step, 2 critic updates of 64.
-# Micro-batches (responses) must divide every mini-batch: 32 does for any batch of 8k prompts x 4.
+# Micro-batches (responses per rank) must divide every mini-batch: 32 does for any batch of 8k prompts x 4 on
+# one rank; on N_RANKS ranks the critic's 64 responses split into 64 / N_RANKS per rank.
 # 40 steps: on the model `prepare` builds (the demo's small model), the demo's RL loop with this shape raised the
 # reward by +0.07 to +0.20 (first to last 10 of 40 steps; 3 warm-start seeds x 4 RL seeds), and verl by +0.052 to
 # +0.114 (three runs of these settings; run-to-run spread from how the rollout's batches form); docs/cpu.md.
 train_batch=32
 rollout_n=4
-micro_batch=32
+micro_batch=$((64 / N_RANKS < 32 ? 64 / N_RANKS : 32))
 steps=40
 
 # verl's replay buffer polled every 0.2 s instead of 2 s (verl_group_ppo/cpu/sampler.py). verl hands a custom
 # sampler no DAPO / failed-group refill settings, so it is left out when the run asks for those.
-case " $* " in
-  *filter_groups*|*sync_refill_failed_groups*|*custom_sampler*) sampler=() ;;
-  *) sampler=(trainer.v1.sampler.custom_sampler.path=pkg://verl_group_ppo.cpu.sampler
-              trainer.v1.sampler.custom_sampler.name=replay_buffer) ;;
-esac
+if has_key_prefix algorithm.filter_groups || has_key trainer.v1.sampler.sync_refill_failed_groups ||
+   has_key_prefix trainer.v1.sampler.custom_sampler; then
+  sampler=()
+else
+  sampler=(trainer.v1.sampler.custom_sampler.path=pkg://verl_group_ppo.cpu.sampler
+           trainer.v1.sampler.custom_sampler.name=replay_buffer)
+fi
 
 # Old log-probs = the rollout's log-probs (verl's bypass mode) instead of a second actor forward pass: the hf
 # rollout computes them in fp32 with the actor's exact weights, so the recompute returns the same numbers
 # (tests/test_cpu_e2e.py checks training/rollout_probs_diff_max at steps 1 and 2). verl's v1 trainer skips
 # rollout-correction IS/RS in bypass mode, so a run that sets any algorithm.rollout_correction key gets
 # verl's default (recompute) instead.
-case " $* " in
-  *rollout_correction*) bypass=() ;;
-  *) bypass=(algorithm.rollout_correction.bypass_mode=True) ;;
-esac
+if has_key_prefix algorithm.rollout_correction; then
+  bypass=()
+else
+  bypass=(algorithm.rollout_correction.bypass_mode=True)
+fi
 
 shared=(
   data.train_files="$WORK_DIR/data/train.parquet"
@@ -138,7 +180,7 @@ shared=(
   critic.ppo_micro_batch_size_per_gpu=$micro_batch
   trainer.critic_warmup=0
   trainer.device=cpu
-  trainer.n_gpus_per_node=1
+  trainer.n_gpus_per_node=$N_RANKS
   trainer.nnodes=1
   trainer.logger=[console]
   trainer.project_name=verl_group_ppo_cpu_tiny
@@ -151,7 +193,7 @@ shared=(
   trainer.resume_mode=disable
   trainer.default_local_dir="$WORK_DIR/checkpoints/$estimator"
   ray_kwargs.ray_init.num_cpus=8
-  ++ray_kwargs.ray_init.num_gpus=1
+  ++ray_kwargs.ray_init.num_gpus=$N_RANKS
   +ray_kwargs.ray_init.include_dashboard=False
   transfer_queue.backend.SimpleStorage.num_data_storage_units=1
 )
