@@ -387,3 +387,24 @@ def test_baselines_run_two_steps(tiny_task, tmp_path, estimator):
         assert steps[step]["training/rollout_probs_diff_max"] < 1e-4, (step, steps[step])
     assert not any(k.startswith("group/") for m in steps.values() for k in m)
     assert (tmp_path / "ckpt" / "global_step_2").is_dir()  # the launcher saves at the last step
+
+
+@pytest.mark.slow
+def test_group_ppo_trains_on_two_ranks_with_dynamic_batches_and_remove_padding(tiny_task, tmp_path, monkeypatch):
+    # N_RANKS=2: two trainer ranks (dp 2) for actor and critic, dynamic batch sizes and remove-padding on; the
+    # advantage step must see the whole batch (8 prompts x 4 responses), not one rank's half
+    monkeypatch.setenv("N_RANKS", "2")
+    steps = run_main_ppo(
+        tiny_task, "group_ppo", f"trainer.default_local_dir={tmp_path / 'ckpt'}",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8", "critic.ppo_micro_batch_size_per_gpu=8",
+        "actor_rollout_ref.actor.use_dynamic_bsz=True", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=512",
+        "critic.use_dynamic_bsz=True", "critic.ppo_max_token_len_per_gpu=512",
+        "actor_rollout_ref.model.use_remove_padding=True", "critic.model.use_remove_padding=True",
+    )
+    assert_trained(steps, [1, 2], critic=True)
+    responses = 8 * 4
+    for step, m in steps.items():
+        assert m["group/num_groups"] >= responses, (step, m)
+        assert m["group/groups_per_response"] * responses == pytest.approx(m["group/num_groups"], rel=1e-6), (step, m)
+    assert steps[2]["group/threshold"] != pytest.approx(TAU_0)
+    assert (tmp_path / "ckpt" / "global_step_2" / "group_ppo_state.json").is_file()
