@@ -4,7 +4,8 @@
 verl function (wrapped by the entry point)  what runs first for ``algorithm.adv_estimator=group_ppo``
 ==========================================  ====================================================================
 ``verl.trainer.ppo.utils.need_critic``      :func:`check_group_ppo_config` (config keys), then "critic on"
-``verl.utils.config.validate_config``       :func:`check_accelerator` (only where Ray is not started yet)
+``verl.utils.config.validate_config``       :func:`check_accelerator` (only where Ray is not started yet),
+                                            :func:`check_cpu_sequence_parallel` (CPU backend only)
 ``verl.trainer.main_ppo.run_ppo``           :func:`check_entry_point` (refuses verl's fully_async and
                                             one_step_off_policy entry points)
 ==========================================  ====================================================================
@@ -116,6 +117,45 @@ def check_accelerator(config: Any, environ: Optional[Mapping[str, str]] = None,
         f"the CPU backend with the environment variable {CPU_BACKEND_ENV}=cpu (see docs/cpu.md).")
 
 
+#: The keys that turn on verl's Ulysses sequence parallelism (the engine reads the actor's, ref's and critic's).
+ULYSSES_KEYS = (
+    "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
+    "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size",
+    "actor_rollout_ref.ref.ulysses_sequence_parallel_size",
+    "actor_rollout_ref.ref.fsdp_config.ulysses_sequence_parallel_size",
+    "critic.ulysses_sequence_parallel_size",
+    "critic.fsdp.ulysses_sequence_parallel_size",
+)
+
+
+def uses_cpu_backend(config: Any, environ: Optional[Mapping[str, str]] = None) -> bool:
+    """True when the run selects verl's CPU device (``trainer.device=cpu`` or ``VERL_PLATFORM=cpu``)."""
+    environ = os.environ if environ is None else environ
+    device = str(select(config, "trainer.device", "") or "").strip().lower()
+    return device == "cpu" or environ.get(CPU_BACKEND_ENV, "").strip().lower() == "cpu"
+
+
+def check_cpu_sequence_parallel(config: Any, environ: Optional[Mapping[str, str]] = None) -> None:
+    """Refuse Ulysses sequence parallelism (any of :data:`ULYSSES_KEYS` above 1) on the CPU backend (ValueError).
+
+    verl splits each sequence across the sequence-parallel ranks and exchanges attention heads with an
+    all-to-all placed around transformers' flash-attention function (``_ulysses_flash_attention_forward`` in
+    ``verl.models.transformers.monkey_patch``). flash-attn needs CUDA, so on CPU the model attends with SDPA,
+    which verl does not patch: each rank would attend over its own slice of the sequence only, and the run would
+    train on wrong log-probs and values without an error.
+    """
+    if not uses_cpu_backend(config, environ):
+        return
+    for key in ULYSSES_KEYS:
+        size = select(config, key, 1)
+        if size is not None and int(size) > 1:
+            raise ValueError(
+                f"{key}={size}: Ulysses sequence parallelism does not run on verl's CPU backend (trainer.device=cpu / "
+                f"{CPU_BACKEND_ENV}=cpu). verl exchanges attention heads inside transformers' flash-attention path, "
+                "and flash-attn needs CUDA; with SDPA on CPU each rank would attend over its own slice of the "
+                "sequence only. Set it to 1 on CPU (use it on GPUs with flash_attention_2).")
+
+
 def check_entry_point(task_runner_class: Any) -> None:
     """Refuse verl's ``fully_async_policy`` and ``one_step_off_policy`` entry points (ValueError).
 
@@ -135,13 +175,15 @@ def check_entry_point(task_runner_class: Any) -> None:
 
 
 def make_validate_config(original: Callable[..., Any]) -> Callable[..., Any]:
-    """verl's ``validate_config`` with :func:`check_accelerator` in front for ``group_ppo`` runs in a
-    process that has not started Ray (inside Ray, a worker's visible devices say nothing)."""
+    """verl's ``validate_config`` with :func:`check_accelerator` and :func:`check_cpu_sequence_parallel` in front
+    for ``group_ppo`` runs in a process that has not started Ray (inside Ray, a worker's visible devices say
+    nothing)."""
 
     @functools.wraps(original)
     def validate_config(config: Any, *args: Any, **kwargs: Any) -> Any:
         if is_group_ppo(config) and not _ray_started():
             check_accelerator(config)
+            check_cpu_sequence_parallel(config)
         return original(config, *args, **kwargs)
 
     validate_config.verl_group_ppo_original = original  # type: ignore[attr-defined]
