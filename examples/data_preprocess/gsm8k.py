@@ -29,6 +29,11 @@ Examples
         --train-file gsm8k/train.jsonl --test-file gsm8k/test.jsonl
     python examples/data_preprocess/gsm8k.py --local-dir /tmp/gsm8k_eval --splits test \\
         --test-file requests.jsonl.gz
+    python examples/data_preprocess/gsm8k.py --write-sample /tmp/gsm8k_sample   # made-up rows, no data needed
+
+``--write-sample DIR`` writes DIR/train.jsonl and DIR/test.jsonl: small made-up word problems in GSM8K's
+release format (``question``, and an ``answer`` that ends in ``#### N``), for plumbing runs without the data
+set; then pass them with ``--train-file`` / ``--test-file``.
 """
 
 from __future__ import annotations
@@ -156,6 +161,36 @@ def write_parquet(rows: list[dict[str, Any]], path: str) -> None:
     pq.write_table(pa.Table.from_pylist(rows), path)
 
 
+def sample_records(n: int, seed: int) -> list[dict[str, str]]:
+    """``n`` made-up two-step word problems in GSM8K's release format (``answer`` ends in ``#### N``)."""
+    import random
+
+    if n < 1:
+        raise ValueError(f"n must be positive, got {n}")
+    rng = random.Random(seed)
+    names = ["Ann", "Ben", "Cara", "Dev", "Eli", "Fay"]
+    records = []
+    for _ in range(n):
+        name, a, b, c = rng.choice(names), rng.randint(2, 40), rng.randint(2, 40), rng.randint(2, 9)
+        question = (f"{name} has {a} marbles and buys {b} more. Then {name} gives away {c} marbles. "
+                    f"How many marbles does {name} have now?")
+        answer = f"{name} has {a} + {b} = <<{a}+{b}={a + b}>>{a + b} marbles, then {a + b} - {c} = " \
+                 f"<<{a + b}-{c}={a + b - c}>>{a + b - c}.\n#### {a + b - c}"
+        records.append({"question": question, "answer": answer})
+    return records
+
+
+def write_sample(directory: str, n_train: int = 64, n_test: int = 16) -> dict[str, str]:
+    """Write ``directory``/train.jsonl and test.jsonl from :func:`sample_records`; return the paths by split."""
+    os.makedirs(directory, exist_ok=True)
+    paths = {}
+    for split, n, seed in (("train", n_train, 0), ("test", n_test, 1)):
+        paths[split] = os.path.join(directory, f"{split}.jsonl")
+        with open(paths[split], "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in sample_records(n, seed))
+    return paths
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=(
@@ -184,6 +219,11 @@ def build_parser() -> argparse.ArgumentParser:
         default="train,test",
         help="comma-separated splits to write, from {train,test} (default: %(default)s)",
     )
+    parser.add_argument(
+        "--write-sample",
+        metavar="DIR",
+        help="write DIR/train.jsonl and DIR/test.jsonl of made-up GSM8K-format problems and exit",
+    )
     parser.add_argument("--hf-dataset", default=HF_DATASET, help="hub dataset name (default: %(default)s)")
     parser.add_argument("--hf-config", default=HF_CONFIG, help="hub dataset config (default: %(default)s)")
     return parser
@@ -192,6 +232,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.write_sample:
+        for split, path in write_sample(os.path.expanduser(args.write_sample)).items():
+            print(f"wrote a made-up {split} sample to {path}")
+        return 0
 
     splits = [s.strip() for s in args.splits.split(",") if s.strip()]
     unknown = sorted(set(splits) - set(SPLITS))
