@@ -16,8 +16,10 @@
 #   OUT_DIR     where logs and checkpoints go (default ./outputs), per run:
 #                 OUT_DIR/verl_group_ppo_gsm8k/<experiment>.jsonl        every metric, group/* included
 #                 OUT_DIR/verl_group_ppo_gsm8k/<experiment>/tensorboard  the same, for TensorBoard
-#                 OUT_DIR/verl_group_ppo_gsm8k/<experiment>/checkpoints  every 50 steps and at the end,
-#                                                                        the last two kept
+#                 OUT_DIR/verl_group_ppo_gsm8k/<experiment>/checkpoints  every 50 steps and at the end;
+#                                                                        verl prunes the actor/ and critic/
+#                                                                        folders to the last two saves of
+#                                                                        a run (docs/reproducing.md)
 #   PYTHON      interpreter that has verl and verl-group-ppo installed (default python3)
 #
 # Logging needs no account (verl's file logger and TensorBoard; tensorboard comes with verl and this
