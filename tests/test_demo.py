@@ -512,5 +512,6 @@ def test_sae_arm_is_per_token_advantages_on_low_probability_cuts(tiny_setup):
     settings = read_algorithm_settings(cfg.algorithm_config(arm))
     assert settings.group.within_group == "per_token" and settings.group.boundary_rule == "low_prob"
     assert settings.group.low_prob_threshold == SAE_GROUP_PARAMS["low_prob_threshold"]
+    assert settings.group.group_max_size > cfg.resolved(task).response_len  # SAE's segments end at low-probability tokens only
     assert arm.critic_loss_on == "all_tokens" and settings.group.critic_loss_on == "all_tokens"
     assert read_algorithm_settings(cfg.algorithm_config("group_ppo")).group.within_group == "broadcast"

@@ -146,10 +146,12 @@ def _group_ppo(inp: AdvantageInputs) -> Advantages:
     return Advantages(out.advantages, out.returns, out.critic_loss_weights, metrics, out)
 
 
-#: the ``sae`` arm's definition: cuts before tokens the sampling policy gave probability < 0.9, per-token
-#: advantages inside the segments; lambdas stay the package's (policy_lam 0.95, critic_lam = algorithm.lam)
+#: the ``sae`` arm's definition: cuts before tokens the sampling policy gave probability < 0.2 (SAE's
+#: threshold p = 0.2) and nowhere else (no length cap: a cap far above any response), per-token advantages
+#: inside the segments; lambdas stay the package's (policy_lam 0.95, critic_lam = algorithm.lam).
+#: docs/faq.md says how this arm and the paper differ.
 SAE_GROUP_PARAMS: dict[str, Any] = {"within_group": "per_token", "boundary_rule": "low_prob",
-                                    "low_prob_threshold": 0.9}
+                                    "low_prob_threshold": 0.2, "group_max_size": 1_000_000}
 
 ARMS: dict[str, Arm] = {a.name: a for a in (
     Arm("group_ppo", "GROUP-PPO", "#d62728", BOUNDARIES, _group_ppo, uses_groups=True),
