@@ -45,14 +45,9 @@ KEY_FILE = "prepare.json"
 @dataclass(frozen=True)
 class PrepareSettings:
     """Everything the outputs depend on (the cache key). Warm-start batch and lr are the demo's. Two settings
-    differ from the demo's defaults so that 40 verl steps on 2 cores show the reward rise (docs/cpu.md):
-    the slip probability is 0.1, not 0.25, and the model is the demo's ``small`` one (hidden 128, ~0.56M
-    parameters), not ``tiny``. After 2000 warm-start steps the small model sampled 0.38-0.63 correct
-    answers and greedy 0.92-0.97 (seeds 0-2); the tiny one sampled 0.18-0.22 and greedy 0.86-0.91. From the
-    small model the demo's RL loop raised the reward by +0.07 to +0.20 in 40 steps of 128 responses (12
-    runs), from tiny ones by -0.004 to +0.074 (14 runs; our reading: more of their errors are imprecise
-    arithmetic, which RL fixes slowly, and fewer are slips). The small model's warm start takes about twice
-    as long (3.1-3.7 against 1.8-2.2 min on a quiet 2-core machine)."""
+    differ from the demo's defaults so that 40 verl steps on 2 cores show the reward rise: the slip
+    probability is 0.1, not 0.25, and the model is the demo's ``small`` one (hidden 128, ~0.56M parameters),
+    not ``tiny``, whose warm start leaves RL less to fix in 40 steps (docs/cpu.md, "The tiny task")."""
 
     task: str = "chain_sum"
     model_size: str = "small"
