@@ -1,5 +1,5 @@
 """The CPU backend (``verl_group_ppo.cpu``): inert unless VERL_PLATFORM=cpu, then installed in the driver and
-in Ray workers; its platform, gloo fix and value-head loader; the ``hf`` rollout's batching, sampling,
+in Ray workers; its platform, gloo fix, FSDP1 patches and value-head loader; the ``hf`` rollout's batching, sampling,
 log-probs, EOS handling and exact weight sync. Models are tiny random Qwen2s built here (no downloads)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import verl_group_ppo_testutils_cpu as cpu_utils
 from omegaconf import OmegaConf
 
 from verl_group_ppo import cpu
-from verl_group_ppo.cpu import distributed, generation, platform, rollout, valuehead
+from verl_group_ppo.cpu import distributed, fsdp1, generation, platform, rollout, valuehead
 from verl_group_ppo.cpu.generation import SamplingRequest, generate_batch
 
 # ==================================================================================================
@@ -26,7 +26,7 @@ import json, os, sys
 env_before = dict(os.environ)
 import verl
 backend_modules = sorted(m for m in sys.modules if m.startswith("verl_group_ppo.cpu."))
-import torch.distributed, verl.utils.model
+import torch.distributed, torch.distributed.fsdp._init_utils, verl.utils.model
 from verl.plugin.platform import PlatformRegistry, get_platform
 from verl.workers.rollout.base import _ROLLOUT_REGISTRY
 from verl.workers.rollout.replica import RolloutReplicaRegistry
@@ -40,6 +40,8 @@ state = {
     "hf_replica": "hf" in RolloutReplicaRegistry._registry,
     "init_pg_patched": hasattr(torch.distributed.init_process_group, "verl_group_ppo_cpu_original"),
     "valuehead_patched": hasattr(verl.utils.model.load_valuehead_model, "verl_group_ppo_cpu_original"),
+    "fsdp1_patched": hasattr(torch.distributed.fsdp._init_utils._check_module_states_for_sync_module_states,
+                             "verl_group_ppo_cpu_original"),
     "engine_device": os.environ.get("VERL_ENGINE_DEVICE"),
     "installed": cpu.install_if_requested(),
 }
@@ -61,7 +63,7 @@ def test_backend_is_inert_without_verl_platform_cpu():
     assert state["env_added"] == []
     assert not state["cpu_platform_registered"]
     assert state["hf_adapter"] is None and not state["hf_replica"]
-    assert not state["init_pg_patched"] and not state["valuehead_patched"]
+    assert not state["init_pg_patched"] and not state["valuehead_patched"] and not state["fsdp1_patched"]
     assert state["engine_device"] is None
     assert state["installed"] is False
 
@@ -73,7 +75,7 @@ def test_backend_is_installed_by_import_verl_with_verl_platform_cpu():
     assert state["installed"] is True
     assert state["platform"] == "CPUPlatform"
     assert state["hf_adapter"] == cpu.ADAPTER_PATH and state["hf_replica"]
-    assert state["init_pg_patched"] and state["valuehead_patched"]
+    assert state["init_pg_patched"] and state["valuehead_patched"] and state["fsdp1_patched"]
     assert state["engine_device"] == "cuda"
     assert state["engines"] == ["FSDPEngineWithLMHead", "FSDPEngineWithValueHead"]
 
@@ -190,6 +192,90 @@ def test_patched_init_process_group_starts_gloo_from_verls_string(monkeypatch, t
         total = torch.ones(2)
         torch.distributed.all_reduce(total)
         assert "gloo" in torch.distributed.get_backend() and total.tolist() == [1.0, 1.0]
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def _fsdp1_targets() -> dict:
+    """What the FSDP1 patches replace: torch's sync_module_states check, verl's FSDP model load, torch's
+    FlatParamHandle.to_cpu."""
+    from torch.distributed.fsdp import _init_utils
+    from torch.distributed.fsdp._flat_param import FlatParamHandle
+    from verl.utils import fsdp_utils
+
+    return {"check": _init_utils._check_module_states_for_sync_module_states,
+            "load": fsdp_utils.load_fsdp_model_to_gpu, "to_cpu": FlatParamHandle.to_cpu}
+
+
+def _keep_fsdp1_targets(monkeypatch) -> dict:
+    """Record the FSDP1 patch targets so that the test's monkeypatch restores them; return them."""
+    import sys
+
+    from torch.distributed.fsdp import _init_utils
+    from torch.distributed.fsdp._flat_param import FlatParamHandle
+    from verl.utils import fsdp_utils
+
+    targets = _fsdp1_targets()
+    monkeypatch.setattr(_init_utils, "_check_module_states_for_sync_module_states", targets["check"])
+    monkeypatch.setattr(fsdp_utils, "load_fsdp_model_to_gpu", targets["load"])
+    monkeypatch.setattr(FlatParamHandle, "to_cpu", targets["to_cpu"])
+    engine = sys.modules.get(fsdp1.ENGINE_MODULE)
+    if engine is not None:
+        monkeypatch.setattr(engine, "load_fsdp_model_to_gpu", engine.load_fsdp_model_to_gpu)
+    return targets
+
+
+def test_fsdp1_patches_are_installed_with_verl_platform_cpu_only(monkeypatch):
+    """The backend's install applies the three FSDP1 patches under VERL_PLATFORM=cpu and leaves torch and verl
+    alone without it (the other install steps are stubbed: this process keeps its own platform)."""
+    original = _keep_fsdp1_targets(monkeypatch)
+    for module, name in ((platform, "register_cpu_platform"), (platform, "check_active_platform"),
+                         (platform, "select_fsdp_engine"), (distributed, "patch_init_process_group"),
+                         (valuehead, "patch_valuehead_loader"), (cpu, "_register_hf_rollout")):
+        monkeypatch.setattr(module, name, lambda: None)
+    monkeypatch.setattr(cpu, "_installed", False)
+
+    monkeypatch.delenv("VERL_PLATFORM", raising=False)
+    assert cpu.install_if_requested() is False
+    assert _fsdp1_targets() == original
+
+    monkeypatch.setenv("VERL_PLATFORM", "cpu")
+    assert cpu.install_if_requested() is True
+    patched = _fsdp1_targets()
+    for name, function in patched.items():
+        assert function is not original[name] and getattr(function, fsdp1._PATCH_MARK) is original[name], name
+    fsdp1.patch_fsdp1()
+    assert _fsdp1_targets() == patched, "a second install must not wrap twice"
+
+
+def test_fsdp1_wraps_with_sync_module_states_over_one_rank_gloo(monkeypatch, tmp_path):
+    """verl's FSDP1 wrap (device_id "cpu", sync_module_states=True) fails on CPU without the patches and runs
+    with them; the model load and the flat parameter's CPU offload then leave the weights as they are."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from verl.utils import fsdp_utils
+
+    _keep_fsdp1_targets(monkeypatch)
+    assert not fsdp1.cpu_states_can_sync([torch.zeros(1)]), "no process group: nothing carries the broadcast"
+    torch.distributed.init_process_group(backend="gloo", init_method=f"file://{tmp_path}/store", rank=0,
+                                         world_size=1)
+    try:
+        torch.manual_seed(0)
+        with pytest.raises(ValueError, match="CPU parameters or buffers"):
+            FSDP(torch.nn.Linear(4, 3), device_id="cpu", sync_module_states=True)
+        assert fsdp1.cpu_states_can_sync([torch.zeros(1)])
+        assert not fsdp1.cpu_states_can_sync([torch.zeros(1), torch.zeros(1, device="meta")])
+        fsdp1.patch_fsdp1()
+        linear = torch.nn.Linear(4, 3)
+        weights = {k: v.clone() for k, v in linear.state_dict().items()}
+        model = FSDP(linear, device_id="cpu", sync_module_states=True)
+        fsdp_utils.load_fsdp_model_to_gpu(model)
+        handle = model._handle
+        with handle.to_cpu():
+            assert handle.flat_param.untyped_storage().size() > 0
+        x = torch.randn(2, 4)
+        assert torch.allclose(model(x), x @ weights["weight"].T + weights["bias"])
+        with FSDP.summon_full_params(model):
+            assert torch.equal(model.weight, weights["weight"]) and torch.equal(model.bias, weights["bias"])
     finally:
         torch.distributed.destroy_process_group()
 

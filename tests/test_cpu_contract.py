@@ -130,6 +130,36 @@ def test_verl_builds_the_duplicate_backend_string_and_calls_torch_at_call_time()
 
 
 # ==================================================================================================
+# FSDP1 on CPU ranks (verl_group_ppo/cpu/fsdp1.py)
+
+
+ORIGINAL = "verl_group_ppo_cpu_original"
+"""Where a CPU-backend patch keeps the function it replaced (a run with VERL_PLATFORM=cpu has them installed)."""
+
+
+def test_fsdp1_wrap_and_the_calls_the_patches_replace():
+    from torch.distributed.fsdp import _flat_param, _init_utils
+    from verl.utils import fsdp_utils
+    from verl.workers.engine.fsdp import transformer_impl
+
+    build = _source(transformer_impl.FSDPEngine._build_fsdp_module)
+    assert "device_id=get_device_id()" in build and "sync_module_states=True" in build, \
+        "verl's FSDP1 wrap changed its device_id / sync_module_states (fsdp1.patch_sync_module_states_check)"
+    assert "_check_module_states_for_sync_module_states(module_states)" in \
+        _source(_init_utils._sync_module_params_and_buffers), \
+        "torch's FSDP1 no longer looks its sync_module_states check up in _init_utils at call time"
+    load = getattr(fsdp_utils.load_fsdp_model_to_gpu, ORIGINAL, fsdp_utils.load_fsdp_model_to_gpu)
+    assert 'f"{get_device_name()}:{device_id}"' in _source(load), \
+        "verl.utils.fsdp_utils.load_fsdp_model_to_gpu builds its FSDP1 device differently (fsdp1.patch_load_fsdp_model)"
+    assert "from verl.utils.fsdp_utils import" in _source(transformer_impl) and \
+        "load_fsdp_model_to_gpu(self.module)" in _source(transformer_impl.FSDPEngine.get_per_tensor_param), \
+        "verl's FSDP engine no longer binds load_fsdp_model_to_gpu from verl.utils.fsdp_utils"
+    to_cpu = _source(getattr(_flat_param.FlatParamHandle.to_cpu, ORIGINAL, _flat_param.FlatParamHandle.to_cpu))
+    assert 'self.flat_param_to(torch.device("cpu"))' in to_cpu and "self._free_unsharded_flat_param()" in to_cpu, \
+        "torch's FlatParamHandle.to_cpu changed (fsdp1.patch_flat_param_to_cpu)"
+
+
+# ==================================================================================================
 # value head (verl_group_ppo/cpu/valuehead.py)
 
 

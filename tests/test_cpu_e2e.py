@@ -391,17 +391,22 @@ def test_baselines_run_two_steps(tiny_task, tmp_path, estimator):
 
 @pytest.mark.slow
 def test_group_ppo_trains_on_two_ranks_with_dynamic_batches_and_remove_padding(tiny_task, tmp_path, monkeypatch):
-    # N_RANKS=2: two trainer ranks (dp 2) for actor and critic, dynamic batch sizes and remove-padding on; the
+    # N_RANKS=2: two trainer ranks (dp 2) for actor and critic, dynamic batch sizes and remove-padding on, under
+    # the GPU recipes' strategy (verl's default fsdp, torch FSDP1; the other e2e tests run fsdp2); the
     # advantage step must see the whole batch (8 prompts x 4 responses), not one rank's half
     monkeypatch.setenv("N_RANKS", "2")
     steps = run_main_ppo(
         tiny_task, "group_ppo", f"trainer.default_local_dir={tmp_path / 'ckpt'}",
+        "actor_rollout_ref.actor.strategy=fsdp", "actor_rollout_ref.ref.strategy=fsdp", "critic.strategy=fsdp",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8", "critic.ppo_micro_batch_size_per_gpu=8",
         "actor_rollout_ref.actor.use_dynamic_bsz=True", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=512",
         "critic.use_dynamic_bsz=True", "critic.ppo_max_token_len_per_gpu=512",
         "actor_rollout_ref.model.use_remove_padding=True", "critic.model.use_remove_padding=True",
+        "algorithm.rollout_correction.bypass_mode=False",  # recompute: checks the FSDP1 weight sync below
     )
     assert_trained(steps, [1, 2], critic=True)
+    # step 2 samples with the weights the sharded FSDP1 actor synced after its step-1 update
+    assert steps[2]["training/rollout_probs_diff_max"] < 1e-4, steps[2]
     responses = 8 * 4
     for step, m in steps.items():
         assert m["group/num_groups"] >= responses, (step, m)

@@ -163,7 +163,10 @@ def _compare_updates(worker, loss_fn, batch, label: str) -> float:
     extra = dict(global_batch_size=n, mini_batch_size=n, epochs=1, seed=1, dataloader_kwargs={"shuffle": False},
                  temperature=1.0)
     spec = dict(worker_config=worker, loss_fn=loss_fn, batch=batch, extra=extra)
-    up1, up2 = (_updates(result) for result in R.run_updates(spec, (1, 2)))
+    results = R.run_updates(spec, (1, 2))
+    start = _max_rel_diff(results[0]["before"], results[1]["before"])
+    assert start == 0.0, f"the ranks must start from the checkpoint's weights (max relative difference {start:.2e})"
+    up1, up2 = (_updates(result) for result in results)
     assert max(float(v.abs().max()) for v in up1.values()) > 1e-4, "the update must move the model"
     diff = _max_rel_diff(up1, up2)
     print(f"{label}: max relative update difference {diff:.2e}")
@@ -180,10 +183,9 @@ def _max_rel_diff(a: dict, b: dict) -> float:
     return max(float((a[k] - b[k]).abs().max()) for k in a) / scale
 
 
-FSDP1_SKIP = ("verl's `fsdp` strategy (torch FSDP1) cannot run on a CPU: verl wraps with sync_module_states=True, "
-              "and FSDP1 then requires the parameters on a GPU (ValueError: 'The module has CPU parameters or "
-              "buffers when `sync_module_states=True`')")
-STRATEGIES = [pytest.param("fsdp", marks=pytest.mark.skip(reason=FSDP1_SKIP)), "fsdp2"]
+STRATEGIES = ["fsdp", "fsdp2"]
+"""verl's two FSDP strategies: ``fsdp`` (torch FSDP1, the GPU recipes' default; on CPU ranks through
+``verl_group_ppo.cpu.fsdp1``) and ``fsdp2``."""
 MODES = ["padded", "dynamic_bsz", "remove_padding"]
 """padded: fixed micro-batches of MICRO responses; dynamic_bsz: TOKEN_BUDGET tokens per micro-batch;
 remove_padding: use_remove_padding=True with the token budget (the recipes' setting)."""

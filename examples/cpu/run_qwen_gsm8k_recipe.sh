@@ -15,7 +15,8 @@
 #             present, else python3)
 #   NICE      nice level of the run (default 5)
 #
-# Kept from the recipe: its group_params and critic warm-up, remove-padding, gradient checkpointing, rollout.n,
+# Kept from the recipe: verl's default strategy fsdp (torch FSDP1, over gloo on CPU ranks through the CPU backend),
+# its group_params and critic warm-up, remove-padding, gradient checkpointing, rollout.n,
 # learning rates, the file and TensorBoard loggers, save_freq (verl also saves at the last step) and checkpoint
 # pruning, validation before training, verl's own GSM8K reward (data_source openai/gsm8k).
 #
@@ -23,9 +24,8 @@
 #   actor_rollout_ref.rollout.name=vllm -> hf   vLLM needs a GPU; our hf rollout runs the actor's weights in fp32
 #   rollout.gpu_memory_utilization           read by vLLM only (no effect with hf)
 #   flash-attn                               needs CUDA: attn_implementation=sdpa for actor and critic
-#   strategy fsdp (FSDP1, verl's default)    verl wraps with sync_module_states=True, which needs parameters on a
-#                                            GPU: fsdp2 for actor and critic
-#   bf16 autocast                            fp32 (mixed_precision.param_dtype=fp32), the precision of the hf rollout
+#   bf16 autocast                            fp32 (mixed_precision.param_dtype=fp32, read by verl's FSDP engine for
+#                                            both strategies), the precision of the hf rollout
 #   trainer.n_gpus_per_node=2                2 CPU ranks (trainer.device=cpu, VERL_PLATFORM=cpu, ray num_gpus=2)
 # Made small, for time on 2 cores: 4 prompts x 5 responses a step, prompts up to 256 tokens, responses up to 32,
 # micro-batches of 5 responses, 2 steps, a 2-layer model with hidden size 64.
@@ -59,9 +59,6 @@ cpu=(
   actor_rollout_ref.rollout.agent.num_workers=2
   +actor_rollout_ref.model.override_config.attn_implementation=sdpa
   +critic.model.override_config.attn_implementation=sdpa
-  actor_rollout_ref.actor.strategy=fsdp2
-  actor_rollout_ref.ref.strategy=fsdp2
-  critic.strategy=fsdp2
   ++actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp32
   ++critic.fsdp.mixed_precision.param_dtype=fp32
   actor_rollout_ref.actor.use_torch_compile=False

@@ -5,9 +5,11 @@ One switch: ``VERL_PLATFORM=cpu`` in the environment of the launching process. v
 which then installs, in that process:
 
 * the ``cpu`` platform (:mod:`~verl_group_ppo.cpu.platform`), and ``VERL_ENGINE_DEVICE=cuda`` so that
-  verl's engine lookup picks its FSDP engines (FSDP2 runs over gloo on CPU);
+  verl's engine lookup picks its FSDP engines (FSDP1 and FSDP2 run over gloo on CPU);
 * the ``hf`` rollout (:mod:`~verl_group_ppo.cpu.rollout`): ``actor_rollout_ref.rollout.name=hf``;
 * the gloo backend-string fix (:mod:`~verl_group_ppo.cpu.distributed`);
+* what verl's ``fsdp`` strategy (torch FSDP1) needs on CPU ranks: ``sync_module_states`` over gloo, and
+  parameter loads and offloads that leave host tensors in place (:mod:`~verl_group_ppo.cpu.fsdp1`);
 * a critic value-model loader that uses the configured attention (:mod:`~verl_group_ppo.cpu.valuehead`).
 
 For verl's ``separate_async`` trainer, :mod:`~verl_group_ppo.cpu.checkpoint` adds a checkpoint engine that
@@ -74,12 +76,13 @@ def install_if_requested() -> bool:
 
 def _install() -> None:
     """Each install step, in the order verl needs them (the platform before anything resolves it)."""
-    from verl_group_ppo.cpu import distributed, platform, valuehead
+    from verl_group_ppo.cpu import distributed, fsdp1, platform, valuehead
 
     platform.register_cpu_platform()
     platform.check_active_platform()
     platform.select_fsdp_engine()
     distributed.patch_init_process_group()
+    fsdp1.patch_fsdp1()
     valuehead.patch_valuehead_loader()
     _register_hf_rollout()
 
