@@ -88,6 +88,40 @@ def differences(runs: list[dict]) -> dict[str, dict[str, dict]]:
     return out
 
 
+def trend(rows: list, pair: str) -> dict[str, Any]:
+    """The pre-registered trend test of ``pair`` (e.g. ``"group_ppo-gae"``) between the shortest and the longest
+    length in ``rows`` (``(terms, mean length, differences)``, sorted by length).
+
+    "grows" when the final-accuracy difference at the longest length exceeds the one at the shortest by more
+    than ``2 * sqrt(SE_short^2 + SE_long^2)`` and the curve-area difference does not move the other way by more
+    than its own such margin; "shrinks" by the mirror rule; else "no trend shown" (also with a missing SE).
+    """
+    short, long_ = rows[0][2][pair], rows[-1][2][pair]
+    moves: dict[str, Any] = {}
+    for metric in ("final", "area"):
+        a, b = short[metric], long_[metric]
+        if a["se"] is None or b["se"] is None:
+            return {"verdict": "no trend shown", "final": None, "area": None}
+        moves[metric] = (b["mean"] - a["mean"], 2.0 * math.hypot(a["se"], b["se"]))
+    (d_final, m_final), (d_area, m_area) = moves["final"], moves["area"]
+    if d_final > m_final and d_area >= -m_area:
+        verdict = "grows"
+    elif d_final < -m_final and d_area <= m_area:
+        verdict = "shrinks"
+    else:
+        verdict = "no trend shown"
+    return {"verdict": verdict, "final": moves["final"], "area": moves["area"]}
+
+
+def _trend_line(rows: list, pair: str, label: str) -> str:
+    t = trend(rows, pair)
+    if t["final"] is None:
+        return f"{label}: {t['verdict']} (a standard error is missing)"
+    (df, mf), (da, ma) = t["final"], t["area"]
+    return (f"{label}, {rows[0][0]} -> {rows[-1][0]} terms: final {df:+.3f} (margin {mf:.3f}), "
+            f"area {da:+.3f} (margin {ma:.3f}): **{t['verdict']}**")
+
+
 def _cell(d: dict) -> str:
     if d["mean"] is None:
         return "n/a"
@@ -99,9 +133,14 @@ def report(out_root: str, figure: str) -> str:
     """The table over every length found under ``out_root`` (markdown) and the figure."""
     rows = []
     for entry in sorted(os.listdir(out_root)):
-        if entry.startswith("terms-"):
+        if not (entry.startswith("terms-") and os.path.isdir(os.path.join(out_root, entry))):
+            continue
+        try:
             data = load_length(os.path.join(out_root, entry))
-            rows.append((entry[len("terms-"):], data["mean_response_length"], differences(data["runs"])))
+        except FileNotFoundError as err:  # a length still running, or never finished: left out, and said so
+            print(f"[edge] {entry} left out of the report: {err}", file=sys.stderr)
+            continue
+        rows.append((entry[len("terms-"):], data["mean_response_length"], differences(data["runs"])))
     if not rows:
         raise SystemExit(f"no length found under {out_root}: run one first (--terms 4-5)")
     rows.sort(key=lambda r: r[1])
@@ -112,6 +151,10 @@ def report(out_root: str, figure: str) -> str:
         lines.append(f"| {terms} | {length:.1f} | {_cell(g['final'])} | {_cell(g['area'])} | {_cell(s['final'])} "
                      f"| {_cell(s['area'])} |")
     plot(rows, figure)
+    if len(rows) > 1:
+        lines += ["", "Trend (the pre-registered rule, shortest against longest length):", "",
+                  "* " + _trend_line(rows, "group_ppo-gae", "GROUP-PPO - PPO"),
+                  "* " + _trend_line(rows, "sae-gae", "SAE - PPO")]
     return "\n".join(lines)
 
 

@@ -84,17 +84,40 @@ def test_edge_report_pairs_seeds_and_applies_the_rule(tmp_path):
     g, s = diff["group_ppo-gae"]["final"], diff["sae-gae"]["final"]
     assert g["seeds"] == [0, 1, 2, 3, 4, 5] and g["mean"] == pytest.approx(0.02)
     assert s["seeds"] == [0, 1, 2] and s["mean"] == pytest.approx(-0.03)
+    (tmp_path / "terms-8-10.log").write_text("a sweep's log beside its folders is not a length")
     figure = tmp_path / "edge.png"
     table = bench.report(str(tmp_path), str(figure))
-    rows = table.splitlines()[2:]
+    rows = [line for line in table.splitlines()[2:] if line.startswith("| ")]
     assert [r.split("|")[1].strip() for r in rows] == ["4-5", "8-10"]  # ordered by response length
     assert figure.stat().st_size > 0
+    # every seed's difference is the same (no spread, margin 0): GROUP-PPO's +0.02 -> 0 shrinks, SAE's -0.03 -> 0 grows
+    assert "GROUP-PPO - PPO, 4-5 -> 8-10 terms: final -0.020 (margin 0.000), area -0.010 (margin 0.000): " \
+           "**shrinks**" in table
+    assert "SAE - PPO, 4-5 -> 8-10 terms: final +0.030 (margin 0.000), area +0.015 (margin 0.000): **grows**" in table
+
+
+def _rows(final: list[tuple[float, float]], area: list[tuple[float, float]]) -> list:
+    """Report rows of one pair ("p") from (mean, se) per length, shortest first."""
+    return [(str(i), float(i), {"p": {"final": {"mean": f[0], "se": f[1]}, "area": {"mean": a[0], "se": a[1]}}})
+            for i, (f, a) in enumerate(zip(final, area))]
+
+
+@pytest.mark.parametrize("final,area,verdict", [
+    ([(0.0, 0.01), (0.05, 0.01)], [(0.0, 0.001), (0.0, 0.001)], "grows"),  # +0.05 > 2 * sqrt(2) * 0.01
+    ([(0.0, 0.01), (0.02, 0.01)], [(0.0, 0.001), (0.0, 0.001)], "no trend shown"),  # inside the margin
+    ([(0.0, 0.01), (0.05, 0.01)], [(0.0, 0.001), (-0.01, 0.001)], "no trend shown"),  # area moves the other way
+    ([(0.05, 0.01), (0.0, 0.01)], [(0.0, 0.001), (0.0, 0.001)], "shrinks"),
+    ([(0.0, None), (0.05, 0.01)], [(0.0, 0.001), (0.0, 0.001)], "no trend shown"),  # one seed: no SE
+])
+def test_edge_trend_rule(final, area, verdict):
+    bench = _load("bench_edge_vs_length")
+    assert bench.trend(_rows(final, area), "p")["verdict"] == verdict
 
 
 def test_edge_sweep_needs_a_length_or_the_report(tmp_path):
     bench = _load("bench_edge_vs_length")
     with pytest.raises(SystemExit):
         bench.main(["--output-dir", str(tmp_path)])
-    with pytest.raises(FileNotFoundError, match="results.json is missing"):
-        (tmp_path / "terms-4-5" / "a").mkdir(parents=True)
+    (tmp_path / "terms-4-5" / "a").mkdir(parents=True)  # a length still running is left out, and said so
+    with pytest.raises(SystemExit, match="no length found"):
         bench.report(str(tmp_path), str(tmp_path / "x.png"))
