@@ -12,7 +12,8 @@ group_ppo and gae on seeds 3-5 (6 seeds for the pair the question is about, 3 fo
 
 reads every length found under ``--output-dir``, prints the table of paired differences to PPO (final sampled
 accuracy and curve area, mean +- 2 paired standard errors, the rule's verdict) with the mean response length,
-and draws ``docs/edge_vs_length.png`` (``--figure``). Nothing is tuned per arm: every arm runs the demo's
+a second table (each arm's mean final accuracy, SAE - GROUP-PPO and GRPO - PPO), the pre-registered trend
+verdicts, and draws ``docs/edge_vs_length.png`` (``--figure``). Nothing is tuned per arm: every arm runs the demo's
 defaults (``lam`` 1, the same critic recipe and warm-up).
 """
 
@@ -28,8 +29,10 @@ from typing import Any
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: the runs of one length: (name, arms, seeds)
 PARTS = (("a", "group_ppo,gae,sae,grpo", "0,1,2"), ("b", "group_ppo,gae", "3,4,5"))
-#: the differences the question is about: (arm, baseline)
-PAIRS = (("group_ppo", "gae"), ("sae", "gae"))
+#: the differences the question is about (the first two), and the ones the defaults rule and the context need:
+#: (arm, baseline)
+PAIRS = (("group_ppo", "gae"), ("sae", "gae"), ("sae", "group_ppo"), ("grpo", "gae"))
+ARMS = ("group_ppo", "gae", "sae", "grpo")
 
 
 def demo_argv(terms: str, part: tuple[str, str, str], out_dir: str, steps: int) -> list[str]:
@@ -122,6 +125,15 @@ def _trend_line(rows: list, pair: str, label: str) -> str:
             f"area {da:+.3f} (margin {ma:.3f}): **{t['verdict']}**")
 
 
+def arm_means(runs: list[dict]) -> dict[str, tuple[float, int] | None]:
+    """Mean final sampled accuracy of each arm in :data:`ARMS` and its number of seeds (None: not run)."""
+    out: dict[str, tuple[float, int] | None] = {}
+    for arm in ARMS:
+        finals = [r["final_eval_accuracy"] for r in runs if r["estimator"] == arm]
+        out[arm] = (sum(finals) / len(finals), len(finals)) if finals else None
+    return out
+
+
 def _cell(d: dict) -> str:
     if d["mean"] is None:
         return "n/a"
@@ -140,16 +152,24 @@ def report(out_root: str, figure: str) -> str:
         except FileNotFoundError as err:  # a length still running, or never finished: left out, and said so
             print(f"[edge] {entry} left out of the report: {err}", file=sys.stderr)
             continue
-        rows.append((entry[len("terms-"):], data["mean_response_length"], differences(data["runs"])))
+        rows.append((entry[len("terms-"):], data["mean_response_length"], differences(data["runs"]),
+                     arm_means(data["runs"])))
     if not rows:
         raise SystemExit(f"no length found under {out_root}: run one first (--terms 4-5)")
     rows.sort(key=lambda r: r[1])
     lines = ["| terms | mean response length (tokens) | GROUP-PPO - PPO, final | GROUP-PPO - PPO, area "
              "| SAE - PPO, final | SAE - PPO, area |", "|---|---|---|---|---|---|"]
-    for terms, length, diff in rows:
+    for terms, length, diff, _ in rows:
         g, s = diff["group_ppo-gae"], diff["sae-gae"]
         lines.append(f"| {terms} | {length:.1f} | {_cell(g['final'])} | {_cell(g['area'])} | {_cell(s['final'])} "
                      f"| {_cell(s['area'])} |")
+    lines += ["", "| terms | final accuracy, mean (seeds): GROUP-PPO / PPO / SAE / GRPO | SAE - GROUP-PPO, final "
+              "| SAE - GROUP-PPO, area | GRPO - PPO, final | GRPO - PPO, area |", "|---|---|---|---|---|---|"]
+    for terms, _, diff, means in rows:
+        s, r = diff["sae-group_ppo"], diff["grpo-gae"]
+        finals = " / ".join("n/a" if means[a] is None else f"{means[a][0]:.3f} ({means[a][1]})" for a in ARMS)
+        lines.append(f"| {terms} | {finals} | {_cell(s['final'])} | {_cell(s['area'])} | {_cell(r['final'])} "
+                     f"| {_cell(r['area'])} |")
     plot(rows, figure)
     if len(rows) > 1:
         lines += ["", "Trend (the pre-registered rule, shortest against longest length):", "",
@@ -169,9 +189,9 @@ def plot(rows: list, path: str) -> None:
     for ax, metric in zip(axes, ("final", "area")):
         for (pair, label, color, shift) in (("group_ppo-gae", "GROUP-PPO - PPO", "#d62728", -0.3),
                                             ("sae-gae", "SAE - PPO", "#8c564b", 0.3)):
-            xs = [length + shift for _, length, _ in rows]
-            ys = [d[pair][metric]["mean"] for _, _, d in rows]
-            errs = [2 * (d[pair][metric]["se"] or math.nan) for _, _, d in rows]
+            xs = [row[1] + shift for row in rows]
+            ys = [row[2][pair][metric]["mean"] for row in rows]
+            errs = [2 * (row[2][pair][metric]["se"] or math.nan) for row in rows]
             ax.errorbar(xs, ys, yerr=errs, fmt="o-", color=color, capsize=4, label=label)
         ax.axhline(0.0, color="grey", lw=0.8)
         ax.set_xlabel("mean response length (tokens)")

@@ -87,8 +87,11 @@ def test_edge_report_pairs_seeds_and_applies_the_rule(tmp_path):
     (tmp_path / "terms-8-10.log").write_text("a sweep's log beside its folders is not a length")
     figure = tmp_path / "edge.png"
     table = bench.report(str(tmp_path), str(figure))
-    rows = [line for line in table.splitlines()[2:] if line.startswith("| ")]
+    first, second = table.split("\n\n")[:2]
+    rows = first.splitlines()[2:]
     assert [r.split("|")[1].strip() for r in rows] == ["4-5", "8-10"]  # ordered by response length
+    # arm means with their seed counts: 6 seeds for group_ppo and gae (0.5 + 0.02 + 0.025), 3 for sae and grpo
+    assert second.splitlines()[2].startswith("| 4-5 | 0.545 (6) / 0.525 (6) / 0.480 (3) / 0.510 (3) | ")
     assert figure.stat().st_size > 0
     # every seed's difference is the same (no spread, margin 0): GROUP-PPO's +0.02 -> 0 shrinks, SAE's -0.03 -> 0 grows
     assert "GROUP-PPO - PPO, 4-5 -> 8-10 terms: final -0.020 (margin 0.000), area -0.010 (margin 0.000): " \
