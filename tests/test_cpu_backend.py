@@ -17,6 +17,7 @@ from omegaconf import OmegaConf
 from verl_group_ppo import cpu
 from verl_group_ppo.cpu import distributed, fsdp1, generation, platform, rollout, valuehead
 from verl_group_ppo.cpu.generation import SamplingRequest, generate_batch
+from verl_group_ppo.cpu.patching import PATCH_MARK
 
 # ==================================================================================================
 # one switch: nothing without it, everything with it
@@ -243,7 +244,7 @@ def test_fsdp1_patches_are_installed_with_verl_platform_cpu_only(monkeypatch):
     assert cpu.install_if_requested() is True
     patched = _fsdp1_targets()
     for name, function in patched.items():
-        assert function is not original[name] and getattr(function, fsdp1._PATCH_MARK) is original[name], name
+        assert function is not original[name] and getattr(function, PATCH_MARK) is original[name], name
     fsdp1.patch_fsdp1()
     assert _fsdp1_targets() == patched, "a second install must not wrap twice"
 

@@ -133,8 +133,7 @@ def test_verl_builds_the_duplicate_backend_string_and_calls_torch_at_call_time()
 # FSDP1 on CPU ranks (verl_group_ppo/cpu/fsdp1.py)
 
 
-ORIGINAL = "verl_group_ppo_cpu_original"
-"""Where a CPU-backend patch keeps the function it replaced (a run with VERL_PLATFORM=cpu has them installed)."""
+from verl_group_ppo.cpu.patching import PATCH_MARK as ORIGINAL  # noqa: E402  (a run with VERL_PLATFORM=cpu has the patches installed)
 
 
 def test_fsdp1_wrap_and_the_calls_the_patches_replace():

@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional
 
 import torch.distributed
 
-_PATCH_MARK = "verl_group_ppo_cpu_original"
+from .patching import replace_once
 
 
 def dedupe_backend_string(backend: Optional[Any]) -> Optional[Any]:
@@ -42,10 +42,7 @@ def patch_init_process_group() -> None:
 
     verl looks the function up on the module at call time, so replacing the module attribute reaches it.
     """
-    current = torch.distributed.init_process_group
-    if getattr(current, _PATCH_MARK, None) is not None:
-        return
-    torch.distributed.init_process_group = _deduping(current)
+    replace_once(torch.distributed, "init_process_group", _deduping)
 
 
 def _deduping(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -59,5 +56,4 @@ def _deduping(original: Callable[..., Any]) -> Callable[..., Any]:
             kwargs["backend"] = dedupe_backend_string(kwargs["backend"])
         return original(*args, **kwargs)
 
-    setattr(init_process_group, _PATCH_MARK, original)
     return init_process_group

@@ -36,7 +36,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
-_PATCH_MARK = "verl_group_ppo_cpu_original"
+from .patching import PATCH_MARK, replace_once
 
 ENGINE_MODULE = "verl.workers.engine.fsdp.transformer_impl"
 """verl's FSDP engine, which binds ``load_fsdp_model_to_gpu`` by name when it is imported."""
@@ -68,17 +68,14 @@ def patch_sync_module_states_check() -> None:
     """
     from torch.distributed.fsdp import _init_utils
 
-    current = _init_utils._check_module_states_for_sync_module_states
-    if getattr(current, _PATCH_MARK, None) is not None:
-        return
+    def make(original: Callable[[list[torch.Tensor]], None]) -> Callable[[list[torch.Tensor]], None]:
+        def check_module_states_for_sync_module_states(module_states: list[torch.Tensor]) -> None:
+            if not cpu_states_can_sync(module_states):
+                original(module_states)
 
-    def check_module_states_for_sync_module_states(module_states: list[torch.Tensor]) -> None:
-        if cpu_states_can_sync(module_states):
-            return
-        current(module_states)
+        return check_module_states_for_sync_module_states
 
-    setattr(check_module_states_for_sync_module_states, _PATCH_MARK, current)
-    _init_utils._check_module_states_for_sync_module_states = check_module_states_for_sync_module_states
+    replace_once(_init_utils, "_check_module_states_for_sync_module_states", make)
 
 
 def _load_fsdp_model_on_cpu(original: Callable[[Any], None]) -> Callable[[Any], None]:
@@ -94,7 +91,6 @@ def _load_fsdp_model_on_cpu(original: Callable[[Any], None]) -> Callable[[Any], 
     load_fsdp_model_to_gpu.__doc__ = (
         "On the cpu platform: nothing for an FSDP1 module (its flat parameters stay on the host, where the "
         "load would put them); verl's load_fsdp_model_to_gpu for any other module.")
-    setattr(load_fsdp_model_to_gpu, _PATCH_MARK, original)
     return load_fsdp_model_to_gpu
 
 
@@ -106,35 +102,33 @@ def patch_load_fsdp_model() -> None:
     """
     import verl.utils.fsdp_utils as fsdp_utils
 
-    current = fsdp_utils.load_fsdp_model_to_gpu
-    if getattr(current, _PATCH_MARK, None) is None:
-        current = _load_fsdp_model_on_cpu(current)
-        fsdp_utils.load_fsdp_model_to_gpu = current
+    replacement = replace_once(fsdp_utils, "load_fsdp_model_to_gpu", _load_fsdp_model_on_cpu)
     engine = sys.modules.get(ENGINE_MODULE)
-    if engine is not None and getattr(engine, "load_fsdp_model_to_gpu", None) is getattr(current, _PATCH_MARK):
-        engine.load_fsdp_model_to_gpu = current
+    if engine is not None and getattr(engine, "load_fsdp_model_to_gpu", None) is getattr(replacement, PATCH_MARK):
+        engine.load_fsdp_model_to_gpu = replacement
+
+
+def _to_cpu_on_host(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """torch's ``FlatParamHandle.to_cpu`` with a handle that computes on the CPU left as it is."""
+
+    @contextlib.contextmanager
+    def to_cpu(self: Any) -> Iterator[None]:
+        if self.device.type == "cpu":  # the unsharded flat parameter is already on the host: nothing to move
+            yield
+            return
+        with original(self):
+            yield
+
+    to_cpu.__doc__ = ("On the cpu platform: nothing for a handle whose compute device is the CPU (its unsharded "
+                      "flat parameter is on the host already); torch's FlatParamHandle.to_cpu for any other.")
+    return to_cpu
 
 
 def patch_flat_param_to_cpu() -> None:
     """Make ``FlatParamHandle.to_cpu`` a no-op for a handle that computes on the CPU (idempotent)."""
     from torch.distributed.fsdp._flat_param import FlatParamHandle
 
-    current = FlatParamHandle.to_cpu
-    if getattr(current, _PATCH_MARK, None) is not None:
-        return
-
-    @contextlib.contextmanager
-    def to_cpu(self: FlatParamHandle) -> Iterator[None]:
-        if self.device.type == "cpu":  # the unsharded flat parameter is already on the host: nothing to move
-            yield
-            return
-        with current(self):
-            yield
-
-    to_cpu.__doc__ = ("On the cpu platform: nothing for a handle whose compute device is the CPU (its unsharded "
-                      "flat parameter is on the host already); torch's FlatParamHandle.to_cpu for any other.")
-    setattr(to_cpu, _PATCH_MARK, current)
-    FlatParamHandle.to_cpu = to_cpu
+    replace_once(FlatParamHandle, "to_cpu", _to_cpu_on_host)
 
 
 def patch_fsdp1() -> None:

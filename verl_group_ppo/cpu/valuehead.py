@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
-_PATCH_MARK = "verl_group_ppo_cpu_original"
+from .patching import replace_once
 
 
 def configured_attention(model_config: Any) -> str:
@@ -58,13 +58,11 @@ def patch_valuehead_loader() -> None:
     """Replace ``verl.utils.model.load_valuehead_model`` with :func:`load_valuehead_model` (idempotent)."""
     import verl.utils.model as verl_model
 
-    current = verl_model.load_valuehead_model
-    if getattr(current, _PATCH_MARK, None) is not None:
-        return
+    def make(_original: Any) -> Any:
+        def patched(local_path: str, torch_dtype: Any, model_config: Any, trust_remote_code: bool) -> Any:
+            return load_valuehead_model(local_path, torch_dtype, model_config, trust_remote_code)
 
-    def patched(local_path: str, torch_dtype: Any, model_config: Any, trust_remote_code: bool) -> Any:
-        return load_valuehead_model(local_path, torch_dtype, model_config, trust_remote_code)
+        patched.__doc__ = load_valuehead_model.__doc__
+        return patched
 
-    patched.__doc__ = load_valuehead_model.__doc__
-    setattr(patched, _PATCH_MARK, current)
-    verl_model.load_valuehead_model = patched
+    replace_once(verl_model, "load_valuehead_model", make)
