@@ -24,7 +24,7 @@ import json
 import math
 import os
 import sys
-from typing import Any
+from typing import Any, NamedTuple
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: the runs of one length: (name, arms, seeds)
@@ -33,6 +33,15 @@ PARTS = (("a", "group_ppo,gae,sae,grpo", "0,1,2"), ("b", "group_ppo,gae", "3,4,5
 #: (arm, baseline)
 PAIRS = (("group_ppo", "gae"), ("sae", "gae"), ("sae", "group_ppo"), ("grpo", "gae"))
 ARMS = ("group_ppo", "gae", "sae", "grpo")
+
+
+class Length(NamedTuple):
+    """One length of the report."""
+
+    terms: str
+    mean_response_length: float
+    differences: dict  # differences(): pair -> metric -> paired difference and verdict
+    arms: dict  # verl_group_ppo.demo.report.summarise(...)["estimators"]: arm -> final_mean, seeds, ...
 
 
 def demo_argv(terms: str, part: tuple[str, str, str], out_dir: str, steps: int) -> list[str]:
@@ -93,13 +102,13 @@ def differences(runs: list[dict]) -> dict[str, dict[str, dict]]:
 
 def trend(rows: list, pair: str) -> dict[str, Any]:
     """The pre-registered trend test of ``pair`` (e.g. ``"group_ppo-gae"``) between the shortest and the longest
-    length in ``rows`` (``(terms, mean length, differences)``, sorted by length).
+    length in ``rows`` (:class:`Length` records, or anything with ``differences``, sorted by length).
 
     "grows" when the final-accuracy difference at the longest length exceeds the one at the shortest by more
     than ``2 * sqrt(SE_short^2 + SE_long^2)`` and the curve-area difference does not move the other way by more
     than its own such margin; "shrinks" by the mirror rule; else "no trend shown" (also with a missing SE).
     """
-    short, long_ = rows[0][2][pair], rows[-1][2][pair]
+    short, long_ = rows[0].differences[pair], rows[-1].differences[pair]
     moves: dict[str, Any] = {}
     for metric in ("final", "area"):
         a, b = short[metric], long_[metric]
@@ -121,17 +130,8 @@ def _trend_line(rows: list, pair: str, label: str) -> str:
     if t["final"] is None:
         return f"{label}: {t['verdict']} (a standard error is missing)"
     (df, mf), (da, ma) = t["final"], t["area"]
-    return (f"{label}, {rows[0][0]} -> {rows[-1][0]} terms: final {df:+.3f} (margin {mf:.3f}), "
+    return (f"{label}, {rows[0].terms} -> {rows[-1].terms} terms: final {df:+.3f} (margin {mf:.3f}), "
             f"area {da:+.3f} (margin {ma:.3f}): **{t['verdict']}**")
-
-
-def arm_means(runs: list[dict]) -> dict[str, tuple[float, int] | None]:
-    """Mean final sampled accuracy of each arm in :data:`ARMS` and its number of seeds (None: not run)."""
-    out: dict[str, tuple[float, int] | None] = {}
-    for arm in ARMS:
-        finals = [r["final_eval_accuracy"] for r in runs if r["estimator"] == arm]
-        out[arm] = (sum(finals) / len(finals), len(finals)) if finals else None
-    return out
 
 
 def _cell(d: dict) -> str:
@@ -143,7 +143,9 @@ def _cell(d: dict) -> str:
 
 def report(out_root: str, figure: str) -> str:
     """The table over every length found under ``out_root`` (markdown) and the figure."""
-    rows = []
+    from verl_group_ppo.demo.report import summarise
+
+    rows: list[Length] = []
     for entry in sorted(os.listdir(out_root)):
         if not (entry.startswith("terms-") and os.path.isdir(os.path.join(out_root, entry))):
             continue
@@ -152,8 +154,8 @@ def report(out_root: str, figure: str) -> str:
         except FileNotFoundError as err:  # a length still running, or never finished: left out, and said so
             print(f"[edge] {entry} left out of the report: {err}", file=sys.stderr)
             continue
-        rows.append((entry[len("terms-"):], data["mean_response_length"], differences(data["runs"]),
-                     arm_means(data["runs"])))
+        rows.append(Length(entry[len("terms-"):], data["mean_response_length"], differences(data["runs"]),
+                           summarise(data["runs"])["estimators"]))
     if not rows:
         raise SystemExit(f"no length found under {out_root}: run one first (--terms 4-5)")
     rows.sort(key=lambda r: r[1])
@@ -165,9 +167,10 @@ def report(out_root: str, figure: str) -> str:
                      f"| {_cell(s['area'])} |")
     lines += ["", "| terms | final accuracy, mean (seeds): GROUP-PPO / PPO / SAE / GRPO | SAE - GROUP-PPO, final "
               "| SAE - GROUP-PPO, area | GRPO - PPO, final | GRPO - PPO, area |", "|---|---|---|---|---|---|"]
-    for terms, _, diff, means in rows:
+    for terms, _, diff, arms in rows:
         s, r = diff["sae-group_ppo"], diff["grpo-gae"]
-        finals = " / ".join("n/a" if means[a] is None else f"{means[a][0]:.3f} ({means[a][1]})" for a in ARMS)
+        finals = " / ".join(f"{arms[a]['final_mean']:.3f} ({len(arms[a]['seeds'])})" if a in arms else "n/a"
+                            for a in ARMS)
         lines.append(f"| {terms} | {finals} | {_cell(s['final'])} | {_cell(s['area'])} | {_cell(r['final'])} "
                      f"| {_cell(r['area'])} |")
     plot(rows, figure)
@@ -189,9 +192,9 @@ def plot(rows: list, path: str) -> None:
     for ax, metric in zip(axes, ("final", "area")):
         for (pair, label, color, shift) in (("group_ppo-gae", "GROUP-PPO - PPO", "#d62728", -0.3),
                                             ("sae-gae", "SAE - PPO", "#8c564b", 0.3)):
-            xs = [row[1] + shift for row in rows]
-            ys = [row[2][pair][metric]["mean"] for row in rows]
-            errs = [2 * (row[2][pair][metric]["se"] or math.nan) for row in rows]
+            xs = [row.mean_response_length + shift for row in rows]
+            ys = [row.differences[pair][metric]["mean"] for row in rows]
+            errs = [2 * (row.differences[pair][metric]["se"] or math.nan) for row in rows]
             ax.errorbar(xs, ys, yerr=errs, fmt="o-", color=color, capsize=4, label=label)
         ax.axhline(0.0, color="grey", lw=0.8)
         ax.set_xlabel("mean response length (tokens)")

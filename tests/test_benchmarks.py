@@ -67,7 +67,8 @@ def _fake_length(root: Path, terms: str, shift: dict[str, float], length: float)
         part = root / f"terms-{terms}" / name
         part.mkdir(parents=True)
         runs = [{"estimator": arm, "seed": int(s), "final_eval_accuracy": 0.5 + shift[arm] + 0.01 * int(s),
-                 "curve_area": 0.4 + shift[arm] / 2 + 0.001 * int(s) ** 2}
+                 "curve_area": 0.4 + shift[arm] / 2 + 0.001 * int(s) ** 2, "curve": [[0, 0.1], [1, 0.2]],
+                 "wall_time_s": 1.0}
                 for arm in arms.split(",") for s in seeds.split(",")]
         (part / "results.json").write_text(json.dumps({"runs": runs, "meta": {}}))
         (part / "metrics.jsonl").write_text("\n".join(json.dumps({"response_length/mean": length + d})
@@ -101,8 +102,9 @@ def test_edge_report_pairs_seeds_and_applies_the_rule(tmp_path):
 
 def _rows(final: list[tuple[float, float]], area: list[tuple[float, float]]) -> list:
     """Report rows of one pair ("p") from (mean, se) per length, shortest first."""
-    return [(str(i), float(i), {"p": {"final": {"mean": f[0], "se": f[1]}, "area": {"mean": a[0], "se": a[1]}}})
-            for i, (f, a) in enumerate(zip(final, area))]
+    length = _load("bench_edge_vs_length").Length
+    return [length(str(i), float(i), {"p": {"final": {"mean": f[0], "se": f[1]}, "area": {"mean": a[0], "se": a[1]}}},
+                   {}) for i, (f, a) in enumerate(zip(final, area))]
 
 
 @pytest.mark.parametrize("final,area,verdict", [
