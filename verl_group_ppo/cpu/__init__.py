@@ -10,7 +10,9 @@ which then installs, in that process:
 * the gloo backend-string fix (:mod:`~verl_group_ppo.cpu.distributed`);
 * what verl's ``fsdp`` strategy (torch FSDP1) needs on CPU ranks: ``sync_module_states`` over gloo, and
   parameter loads and offloads that leave host tensors in place (:mod:`~verl_group_ppo.cpu.fsdp1`);
-* a critic value-model loader that uses the configured attention (:mod:`~verl_group_ppo.cpu.valuehead`).
+* a critic value-model loader that uses the configured attention (:mod:`~verl_group_ppo.cpu.valuehead`);
+* verl's own vLLM rollout on vLLM's CPU build, ``actor_rollout_ref.rollout.name=vllm``
+  (:mod:`~verl_group_ppo.cpu.vllm_rollout`, :mod:`~verl_group_ppo.cpu.vllm_worker`).
 
 For verl's ``separate_async`` trainer, :mod:`~verl_group_ppo.cpu.checkpoint` adds a checkpoint engine that
 moves weights through Ray's object store (selected by two overrides; see that module).
@@ -76,7 +78,7 @@ def install_if_requested() -> bool:
 
 def _install() -> None:
     """Each install step, in the order verl needs them (the platform before anything resolves it)."""
-    from verl_group_ppo.cpu import distributed, fsdp1, platform, valuehead
+    from verl_group_ppo.cpu import distributed, fsdp1, platform, valuehead, vllm_rollout
 
     platform.register_cpu_platform()
     platform.check_active_platform()
@@ -85,6 +87,7 @@ def _install() -> None:
     fsdp1.patch_fsdp1()
     valuehead.patch_valuehead_loader()
     _register_hf_rollout()
+    vllm_rollout.register_vllm_rollout()
 
 
 def _register_hf_rollout() -> None:

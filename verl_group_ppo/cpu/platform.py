@@ -165,6 +165,13 @@ class CPUPlatform(PlatformBase):
     def is_ipc_supported(self) -> bool:
         return False
 
+    def rollout_env_vars(self) -> dict[str, str]:
+        """The environment of verl's rollout servers (``vLLMReplica`` passes it to each server's Ray actor): vLLM's
+        CPU platform, KV-cache size and thread binding (:data:`verl_group_ppo.cpu.vllm_rollout.ENGINE_ENV_DEFAULTS`)."""
+        from verl_group_ppo.cpu.vllm_rollout import engine_env_vars
+
+        return {**super().rollout_env_vars(), **engine_env_vars()}
+
     def cudart(self) -> Any:
         return None
 

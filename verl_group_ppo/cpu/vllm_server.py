@@ -1,0 +1,42 @@
+"""verl's vLLM replica and server for the CPU backend (``rollout.name=vllm``; :mod:`.vllm_rollout` says why).
+
+:class:`CPUvLLMHttpServer` is verl's ``vLLMHttpServer`` with two of its subclass hooks overridden:
+``_init_config`` sets :data:`~verl_group_ppo.cpu.vllm_rollout.ROLLOUT_SETTINGS` (no sleep mode, no freed
+cache, eager), and ``_get_worker_extension_cls`` names :data:`WORKER_EXTENSION` (the weight sync through
+vLLM's layerwise reload). :class:`CPUvLLMReplica` is verl's ``vLLMReplica`` starting that server.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ray
+
+from verl.workers.rollout.vllm_rollout import vllm_async_server as server_module
+from verl_group_ppo.cpu.vllm_rollout import ROLLOUT_SETTINGS, check_server_hooks
+
+WORKER_EXTENSION = "verl_group_ppo.cpu.vllm_worker.CPUvLLMWorkerExtension"
+"""vLLM's ``worker_extension_cls`` on the CPU backend (:mod:`verl_group_ppo.cpu.vllm_worker`)."""
+
+check_server_hooks(server_module)
+
+
+class CPUvLLMHttpServer(server_module.vLLMHttpServer):
+    """verl's vLLM server with the CPU worker extension and the CPU rollout settings in its config."""
+
+    def _init_config(self, config: Any) -> Any:
+        config = super()._init_config(config)
+        for key, value in ROLLOUT_SETTINGS.items():
+            setattr(config, key, value)
+        return config
+
+    def _get_worker_extension_cls(self) -> str:
+        return WORKER_EXTENSION
+
+
+class CPUvLLMReplica(server_module.vLLMReplica):
+    """verl's vLLM replica, starting :class:`CPUvLLMHttpServer` actors."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.server_class = ray.remote(CPUvLLMHttpServer)
