@@ -30,6 +30,7 @@ from verl_group_ppo.tinytask import prepare as prep
 from verl_group_ppo.config import GroupParams
 from verl_group_ppo.tinytask.reward import compute_score, data_source_for, task_for
 from verl_group_ppo.tinytask.tasks import make_task, split_problems
+from verl_group_ppo_testutils_vllm import VLLM_SKIP_REASON, vllm_installed
 
 REPO = Path(__file__).resolve().parents[1]
 LAUNCHER = REPO / "examples" / "cpu" / "common.sh"
@@ -310,13 +311,19 @@ SMALL = ["data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size
 
 def run_main_ppo(work_dir: Path, estimator: str, *overrides: str, timeout: int = 600) -> dict[int, dict[str, float]]:
     """Run the CPU launcher; assert rc 0; return verl's console metrics per step."""
+    return run_main_ppo_logged(work_dir, estimator, *overrides, timeout=timeout)[0]
+
+
+def run_main_ppo_logged(work_dir: Path, estimator: str, *overrides: str,
+                        timeout: int = 600) -> tuple[dict[int, dict[str, float]], str]:
+    """:func:`run_main_ppo`, also returning the run's output (stdout + stderr)."""
     env = {**os.environ, "WORK_DIR": str(work_dir), "PYTHON": sys.executable,
            "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
     proc = subprocess.run(["bash", str(LAUNCHER), estimator, *SMALL, *overrides], env=env, capture_output=True,
                           text=True, timeout=timeout)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, f"main_ppo ({estimator}) failed, rc={proc.returncode}:\n{output[-6000:]}"
-    return summarize_log.parse_step_metrics(output)
+    return summarize_log.parse_step_metrics(output), output
 
 
 def assert_trained(steps: dict[int, dict[str, float]], expected_steps: list[int], critic: bool) -> None:
@@ -413,3 +420,26 @@ def test_group_ppo_trains_on_two_ranks_with_dynamic_batches_and_remove_padding(t
         assert m["group/groups_per_response"] * responses == pytest.approx(m["group/num_groups"], rel=1e-6), (step, m)
     assert steps[2]["group/threshold"] != pytest.approx(TAU_0)
     assert (tmp_path / "ckpt" / "global_step_2" / "group_ppo_state.json").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not vllm_installed(), reason=VLLM_SKIP_REASON)
+def test_group_ppo_trains_two_steps_on_two_ranks_with_verls_vllm_rollout(tiny_task, tmp_path, monkeypatch):
+    # rollout.name=vllm: the backend sets the CPU settings (its start-up line says which) and verl's vLLM server
+    # samples, one replica per rank (two vLLM engines). vLLM in fp32 (verl's default rollout.dtype is bf16) so that
+    # the weight sync shows: verl recomputes the old log-probs (no bypass) and logs how far the rollout's are from
+    # them, at step 2 after the step-1 sync into both replicas
+    from verl_group_ppo.cpu.vllm_rollout import START_UP_PREFIX
+
+    monkeypatch.setenv("N_RANKS", "2")
+    steps, output = run_main_ppo_logged(tiny_task, "group_ppo", "actor_rollout_ref.rollout.name=vllm",
+                                        "actor_rollout_ref.rollout.dtype=float32",
+                                        f"trainer.default_local_dir={tmp_path / 'ckpt'}",
+                                        "algorithm.rollout_correction.bypass_mode=False")
+    assert START_UP_PREFIX in output and "CPUvLLMHttpServer" in output, output[-3000:]
+    assert_trained(steps, [1, 2], critic=True)
+    for step in (1, 2):
+        # fp32 vLLM against the fp32 actor: the kernels differ (oneDNN GEMMs, paged attention), the weights do not
+        assert steps[step]["training/rollout_probs_diff_max"] < 1e-3, (step, steps[step])
+        assert abs(steps[step]["actor/ppo_kl"]) < 1e-2, (step, steps[step])
+    assert steps[2]["group/threshold"] != pytest.approx(TAU_0)

@@ -9,6 +9,8 @@
 # The run_tiny_*.sh scripts next to this file call it with a fixed ESTIMATOR. Extra arguments are
 # appended after every setting below, so they win (Hydra keeps the last value given for a key), e.g.
 #   trainer.total_training_steps=10   ++algorithm.group_params.critic_loss_on=all_tokens
+#   actor_rollout_ref.rollout.name=vllm   (verl's own vLLM rollout on vLLM's CPU build instead of the backend's
+#                                          hf rollout; the backend sets what vLLM needs on a CPU, docs/cpu.md)
 #
 # Environment:
 #   WORK_DIR  the tiny task's directory (default runs/cpu-tiny under the repository root); when

@@ -34,7 +34,6 @@ import functools
 import importlib
 import importlib.metadata
 import inspect
-import logging
 import os
 import re
 import sys
@@ -42,7 +41,6 @@ from typing import Any, Callable, Iterator, Mapping, Optional
 
 from .patching import replace_once
 
-logger = logging.getLogger("verl_group_ppo.cpu")
 
 ROLLOUT_NAME = "vllm"
 """The value of ``actor_rollout_ref.rollout.name`` that selects verl's vLLM rollout."""
@@ -166,7 +164,7 @@ def apply_rollout_settings(config: Any) -> Optional[dict[str, tuple[Any, Any]]]:
 
 def start_up_line(changes: Mapping[str, tuple[Any, Any]], environ: Optional[Mapping[str, str]] = None) -> str:
     """The line the backend prints when it set the vllm rollout's CPU settings."""
-    settings = ", ".join(f"{key}={now}" + ("" if before == now else f" (was {before})")
+    settings = ", ".join(f"{key}={now}" + ("" if before is None or before == now else f" (was {before})")
                          for key, (before, now) in changes.items())
     env = " ".join(f"{key}={value}" for key, value in engine_env_vars(environ).items())
     return (f"{START_UP_PREFIX}: verl's vLLM server on vLLM's CPU build; actor_rollout_ref.rollout: {settings}; "
@@ -188,9 +186,7 @@ def _with_rollout_settings(original: Callable[..., Any]) -> Callable[..., Any]:
         result = original(config, *args, **kwargs)
         changes = apply_rollout_settings(config)
         if changes is not None:
-            line = start_up_line(changes)
-            logger.info(line)
-            print(line, flush=True)
+            print(start_up_line(changes), flush=True)  # stdout, beside verl's own start-up prints
         return result
 
     return auto_set_device

@@ -1,8 +1,8 @@
 """verl's vLLM replica and server for the CPU backend (``rollout.name=vllm``; :mod:`.vllm_rollout` says why).
 
 :class:`CPUvLLMHttpServer` is verl's ``vLLMHttpServer`` with two of its subclass hooks overridden:
-``_init_config`` sets :data:`~verl_group_ppo.cpu.vllm_rollout.ROLLOUT_SETTINGS` (no sleep mode, no freed
-cache, eager), and ``_get_worker_extension_cls`` names :data:`WORKER_EXTENSION` (the weight sync through
+``_init_config`` refuses a config without :data:`~verl_group_ppo.cpu.vllm_rollout.ROLLOUT_SETTINGS` (no
+sleep mode, no freed cache, eager; set in the driver, the server's config is frozen), and ``_get_worker_extension_cls`` names :data:`WORKER_EXTENSION` (the weight sync through
 vLLM's layerwise reload). :class:`CPUvLLMReplica` is verl's ``vLLMReplica`` starting that server.
 """
 
@@ -22,12 +22,17 @@ check_server_hooks(server_module)
 
 
 class CPUvLLMHttpServer(server_module.vLLMHttpServer):
-    """verl's vLLM server with the CPU worker extension and the CPU rollout settings in its config."""
+    """verl's vLLM server with the CPU worker extension; refuses a config without the CPU rollout settings."""
 
     def _init_config(self, config: Any) -> Any:
         config = super()._init_config(config)
-        for key, value in ROLLOUT_SETTINGS.items():
-            setattr(config, key, value)
+        wrong = {key: getattr(config, key, None) for key, value in ROLLOUT_SETTINGS.items()
+                 if getattr(config, key, None) != value}
+        if wrong:  # verl's RolloutConfig is frozen here: the settings are made in the driver (auto_set_device)
+            raise RuntimeError(
+                f"rollout.name=vllm on the CPU backend needs actor_rollout_ref.rollout settings {ROLLOUT_SETTINGS}, "
+                f"got {wrong}: the backend sets them in verl.utils.device.auto_set_device, which main_ppo calls; "
+                "an entry point that skips it must set them itself")
         return config
 
     def _get_worker_extension_cls(self) -> str:

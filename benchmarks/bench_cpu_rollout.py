@@ -1,0 +1,251 @@
+"""Generation speed of the CPU backend's two rollouts, ``hf`` and verl's ``vllm`` (vLLM's CPU build), in one run.
+
+    .venv/bin/python benchmarks/bench_cpu_rollout.py                       # both parts
+    .venv/bin/python benchmarks/bench_cpu_rollout.py --part tiny --steps 6
+    .venv/bin/python benchmarks/bench_cpu_rollout.py --part standin --prompts 32 --tokens 64
+
+Part ``tiny``: the main job, ``examples/cpu/common.sh group_ppo`` (what ``run_tiny_group_ppo.sh`` runs) on the
+tiny task in ``--work-dir`` (built there first when missing), ``--steps`` steps each with ``rollout.name=hf``
+(fp32), ``vllm`` in fp32 (``rollout.dtype=float32``) and ``vllm`` in bf16 (``rollout.dtype=bfloat16``, verl's
+default; the actor stays fp32). Per run:
+start-up (wall time before the first step: Ray, workers, models, and vLLM's engine), verl's
+``timing_s/gen`` and ``timing_s/step`` for step 1 and as the mean of steps 2..N, and ``|actor/ppo_kl|``
+(the launcher's bypass mode makes the rollout's log-probs the old log-probs, so this is the
+rollout-vs-actor gap at the first mini-batch).
+
+Part ``standin``: a random model with Qwen2.5-0.5B's full shape (24 layers, hidden 896, intermediate 4864, 14
+heads, 2 key/value heads, vocabulary 151936, tied embeddings; ``examples/cpu/make_qwen_standin.py``'s
+config), ``--prompts`` prompts x ``--tokens`` sampled tokens (EOS ignored): the ``hf`` rollout's
+``generate_batch`` in fp32, and vLLM's engine in fp32 and bf16 (each in its own process; engine start timed
+apart). The gap: vLLM's log-prob of each sampled token against the fp32 model's (teacher-forced), max and
+mean absolute difference.
+
+Prints one markdown table per part (docs/benchmarks.md holds the measured ones).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+LAUNCHER = REPO / "examples" / "cpu" / "common.sh"
+TINY_RUNS = (("hf", "fp32", []), ("vllm", "fp32", ["actor_rollout_ref.rollout.dtype=float32"]),
+             ("vllm", "bf16", ["actor_rollout_ref.rollout.dtype=bfloat16"]))  # bf16: verl's default rollout.dtype
+
+
+def _summarize_log():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_summarize_log", LAUNCHER.parent / "summarize_log.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# ---------------------------------------------------------------------------------------------- tiny task
+
+
+def run_tiny(work_dir: Path, steps: int, backend: str, extra: list[str]) -> dict:
+    """One launcher run; its start-up seconds and per-step metrics."""
+    env = {**os.environ, "WORK_DIR": str(work_dir), "PYTHON": sys.executable}
+    with tempfile.TemporaryDirectory() as ckpt:
+        start = time.perf_counter()
+        proc = subprocess.run(["bash", str(LAUNCHER), "group_ppo", f"trainer.total_training_steps={steps}",
+                               f"actor_rollout_ref.rollout.name={backend}", f"trainer.default_local_dir={ckpt}",
+                               *extra], env=env, capture_output=True, text=True)
+        wall = time.perf_counter() - start
+    output = proc.stdout + proc.stderr
+    if proc.returncode != 0:
+        raise RuntimeError(f"launcher with rollout.name={backend} {extra} failed (rc {proc.returncode}):\n"
+                           f"{output[-4000:]}")
+    metrics = _summarize_log().parse_step_metrics(output)
+    if sorted(metrics) != list(range(1, steps + 1)):
+        raise RuntimeError(f"expected steps 1..{steps}, got {sorted(metrics)}")
+    return {"wall": wall, "steps": metrics}
+
+
+def tiny_row(backend: str, dtype: str, result: dict) -> dict:
+    steps = result["steps"]
+    later = [steps[s] for s in sorted(steps) if s > 1]
+    step_total = sum(m["timing_s/step"] for m in steps.values())
+    return {
+        "rollout": backend, "dtype": dtype,
+        "start_up_s": result["wall"] - step_total,
+        "gen_step1_s": steps[1]["timing_s/gen"],
+        "gen_s": statistics.mean(m["timing_s/gen"] for m in later),
+        "step_s": statistics.mean(m["timing_s/step"] for m in later),
+        "ppo_kl_max": max(abs(m["actor/ppo_kl"]) for m in steps.values()),
+    }
+
+
+def bench_tiny(work_dir: Path, steps: int) -> list[dict]:
+    if steps < 2:
+        raise ValueError(f"--steps={steps}: at least 2 (step 1 is reported apart)")
+    if not (work_dir / "model" / "prepare.json").is_file():
+        subprocess.run([sys.executable, "-m", "verl_group_ppo.tinytask.prepare", "--output-dir", str(work_dir)],
+                       check=True)
+    return [tiny_row(backend, dtype, run_tiny(work_dir, steps, backend, extra)) for backend, dtype, extra in TINY_RUNS]
+
+
+def tiny_table(rows: list[dict]) -> str:
+    hf = next(r for r in rows if r["rollout"] == "hf")
+    lines = ["| rollout | dtype | start-up s | gen s, step 1 | gen s/step (2..N) | x hf | step s (2..N) | x hf | "
+             "max abs ppo_kl |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['rollout']} | {r['dtype']} | {r['start_up_s']:.1f} | {r['gen_step1_s']:.2f} | "
+                     f"{r['gen_s']:.2f} | {r['gen_s'] / hf['gen_s']:.2f} | {r['step_s']:.2f} | "
+                     f"{r['step_s'] / hf['step_s']:.2f} | {r['ppo_kl_max']:.1e} |")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------- 0.5B stand-in
+
+
+def build_standin(directory: str) -> None:
+    """A random float32 model with Qwen2.5-0.5B's full shape, saved to ``directory`` (no tokenizer needed)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    sys.path.insert(0, str(REPO / "examples" / "cpu"))
+    from make_qwen_standin import standin_config
+
+    config = standin_config(layers=24, hidden_size=896, heads=14)
+    config.intermediate_size = 4864  # Qwen2.5-0.5B's (the stand-in script's default is 2 x hidden)
+    config.pad_token_id = 151643
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(directory)
+
+
+def make_prompts(count: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(1000, 150000) for _ in range(rng.randint(24, 48))] for _ in range(count)]
+
+
+def fp32_logprobs(model, prompts: list[list[int]], responses: list[list[int]]) -> list[list[float]]:
+    """The fp32 model's log-prob of each response token (teacher-forced), one sequence at a time."""
+    import torch
+
+    out = []
+    with torch.no_grad():
+        for prompt, response in zip(prompts, responses):
+            ids = torch.tensor([prompt + response])
+            logp = torch.log_softmax(model(ids).logits[0, len(prompt) - 1:-1].float(), dim=-1)
+            out.append(logp.gather(-1, torch.tensor(response)[:, None])[:, 0].tolist())
+    return out
+
+
+def hf_generate(directory: str, prompts: list[list[int]], tokens: int) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from verl_group_ppo.cpu.generation import SamplingRequest, generate_batch
+
+    start = time.perf_counter()
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, attn_implementation="sdpa").eval()
+    load = time.perf_counter() - start
+    requests = [SamplingRequest(prompt_ids=tuple(p), max_tokens=tokens) for p in prompts]
+    start = time.perf_counter()
+    completions = generate_batch(model, requests, eos_token_ids=[], pad_token_id=151643,
+                                 generator=torch.Generator().manual_seed(0))
+    gen = time.perf_counter() - start
+    assert all(len(c.token_ids) == tokens for c in completions)
+    return {"start_s": load, "gen_s": gen}
+
+
+VLLM_CHILD = r'''
+import json, sys, time
+from vllm import LLM, SamplingParams
+directory, dtype, tokens = sys.argv[1], sys.argv[2], int(sys.argv[3])
+prompts = json.loads(sys.stdin.read())
+start = time.perf_counter()
+llm = LLM(model=directory, skip_tokenizer_init=True, dtype=dtype, enforce_eager=True, max_model_len=256,
+          max_num_seqs=len(prompts), seed=0, enable_prefix_caching=False)
+engine = time.perf_counter() - start
+params = SamplingParams(max_tokens=tokens, min_tokens=tokens, ignore_eos=True, temperature=1.0, logprobs=0,
+                        detokenize=False, seed=0)
+start = time.perf_counter()
+outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+gen = time.perf_counter() - start
+responses = [list(o.outputs[0].token_ids) for o in outs]
+logprobs = [[lp[t].logprob for lp, t in zip(o.outputs[0].logprobs, o.outputs[0].token_ids)] for o in outs]
+print("VLLMBENCH " + json.dumps({"start_s": engine, "gen_s": gen, "responses": responses, "logprobs": logprobs}))
+'''
+
+
+def vllm_generate(directory: str, prompts: list[list[int]], tokens: int, dtype: str) -> dict:
+    from verl_group_ppo.cpu.vllm_rollout import engine_env_vars
+
+    env = {**os.environ, **engine_env_vars(), "VLLM_LOGGING_LEVEL": "WARNING"}
+    proc = subprocess.run([sys.executable, "-c", VLLM_CHILD, directory, dtype, str(tokens)], input=json.dumps(prompts),
+                          env=env, capture_output=True, text=True)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("VLLMBENCH ")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"vLLM ({dtype}) failed (rc {proc.returncode}):\n{proc.stderr[-4000:]}")
+    return json.loads(lines[-1][len("VLLMBENCH "):])
+
+
+def bench_standin(prompts_n: int, tokens: int) -> list[dict]:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    prompts = make_prompts(prompts_n)
+    rows = []
+    with tempfile.TemporaryDirectory() as directory:
+        build_standin(directory)
+        hf = hf_generate(directory, prompts, tokens)
+        rows.append({"rollout": "hf", "dtype": "fp32", **hf, "gap_max": 0.0, "gap_mean": 0.0})
+        for dtype in ("float32", "bfloat16"):
+            result = vllm_generate(directory, prompts, tokens, dtype)
+            rows.append({"rollout": "vllm", "dtype": {"float32": "fp32", "bfloat16": "bf16"}[dtype],
+                         "start_s": result["start_s"], "gen_s": result["gen_s"], "_responses": result["responses"],
+                         "_logprobs": result["logprobs"]})
+        model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, attn_implementation="sdpa").eval()
+        for row in rows[1:]:
+            actor = fp32_logprobs(model, prompts, row.pop("_responses"))
+            gaps = [abs(a - b) for xs, ys in zip(actor, row.pop("_logprobs")) for a, b in zip(xs, ys)]
+            row["gap_max"], row["gap_mean"] = max(gaps), statistics.mean(gaps)
+    return rows
+
+
+def standin_table(rows: list[dict], prompts: int, tokens: int) -> str:
+    hf = rows[0]
+    lines = [f"| rollout | dtype | start s (load / engine) | gen s ({prompts} x {tokens} tokens) | x hf | "
+             "log-prob gap max | mean |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['rollout']} | {r['dtype']} | {r['start_s']:.1f} | {r['gen_s']:.1f} | "
+                     f"{r['gen_s'] / hf['gen_s']:.2f} | {r['gap_max']:.2g} | {r['gap_mean']:.2g} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--part", choices=("tiny", "standin", "both"), default="both")
+    parser.add_argument("--steps", type=int, default=6, help="tiny part: steps per run (default 6)")
+    parser.add_argument("--work-dir", default=str(REPO / "runs" / "cpu-tiny"),
+                        help="tiny part: the tiny task's directory (default runs/cpu-tiny)")
+    parser.add_argument("--prompts", type=int, default=32, help="stand-in part: prompts (default 32)")
+    parser.add_argument("--tokens", type=int, default=64, help="stand-in part: sampled tokens each (default 64)")
+    args = parser.parse_args(argv)
+    if args.prompts < 1 or args.tokens < 1:
+        parser.error(f"--prompts={args.prompts} and --tokens={args.tokens} must be positive")
+    if args.part in ("tiny", "both"):
+        rows = bench_tiny(Path(args.work_dir).resolve(), args.steps)
+        print(f"\ntiny task, main job (run_tiny_group_ppo.sh settings), {args.steps} steps each:\n{tiny_table(rows)}",
+              flush=True)
+    if args.part in ("standin", "both"):
+        rows = bench_standin(args.prompts, args.tokens)
+        print(f"\nQwen2.5-0.5B-shaped stand-in:\n{standin_table(rows, args.prompts, args.tokens)}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
