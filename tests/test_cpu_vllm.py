@@ -59,6 +59,14 @@ def _config(name: str, **rollout):
     return config
 
 
+def test_vllm_rollout_without_vllm_installed_is_refused_naming_the_key(monkeypatch):
+    monkeypatch.setattr(vr, "vllm_installed", lambda: False)
+    with pytest.raises(ValueError, match=r"actor_rollout_ref.rollout.name=vllm: vLLM is not installed"):
+        vr.apply_rollout_settings(_config("vllm"))
+    assert vr.apply_rollout_settings(_config("hf")) is None  # the hf rollout needs no vLLM
+
+
+@needs_vllm
 def test_vllm_rollout_settings_set_on_a_struct_config_only_for_vllm():
     config = _config("vllm")
     changes = vr.apply_rollout_settings(config)
@@ -73,6 +81,7 @@ def test_vllm_rollout_settings_set_on_a_struct_config_only_for_vllm():
     assert vr.apply_rollout_settings(OmegaConf.create({"trainer": {}})) is None
 
 
+@needs_vllm
 def test_vllm_auto_set_device_wrapper_applies_the_settings_and_prints_the_start_up_line(capsys, monkeypatch):
     calls = []
     wrapped = vr._with_rollout_settings(lambda config: calls.append(config))

