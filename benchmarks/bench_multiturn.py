@@ -7,11 +7,12 @@
 
 Each run is ``examples/cpu/run_tiny_multiturn_<estimator>.sh`` (``MULTI_TURN=1`` in common.sh: 32 prompts x 4
 responses a step, every other setting the launcher's) with ``data.seed=SEED`` and ``--steps`` steps, on one
-shared warm start (``OUTPUT_DIR/task``, built by the first run). Arms (:data:`ARMS`): group_ppo (package
+shared warm start (``OUTPUT_DIR/task``, built by the first run; logs in ``OUTPUT_DIR/logs``). Arms (:data:`ARMS`): group_ppo (package
 defaults), group_ppo with ``boundary_rule: turn`` (one group per turn), gae (lam 1, the same critic recipe)
 and grpo; seeds 0-5 for group_ppo and gae, 0-2 for the others. The runs are resumable: each finished run is
-written to ``OUTPUT_DIR/runs/<arm>-seed<S>.json`` (its per-step training metrics) and skipped next time; an
-interrupted run leaves no such file and runs again. The report prints, per arm, the mean training reward
+written to ``RESULTS_DIR/<arm>-seed<S>.json`` (its command and per-step training metrics; by default
+``benchmarks/results/multiturn/``, kept in the repository as the measurement docs/results.md reports) and
+skipped next time; an interrupted run leaves no such file and runs again. The report prints, per arm, the mean training reward
 over the last 10 steps ("final") and over all steps ("area") with verl's turns per response, and the paired
 differences of :data:`PAIRS` with the rule's verdict (:func:`verl_group_ppo.demo.report.verdict`).
 """
@@ -59,11 +60,14 @@ def plan(arms: dict = ARMS) -> list[tuple[str, int]]:
     return [(arm, seed) for seed in seeds for arm, (_, _, arm_seeds) in arms.items() if seed in arm_seeds]
 
 
-def run_path(out_dir: str, arm: str, seed: int) -> str:
-    return os.path.join(out_dir, "runs", f"{arm}-seed{seed}.json")
+RESULTS_DIR = os.path.join(REPO, "benchmarks", "results", "multiturn")
 
 
-def run_one(out_dir: str, arm: str, seed: int, steps: int, python: str) -> dict[str, Any]:
+def run_path(results_dir: str, arm: str, seed: int) -> str:
+    return os.path.join(results_dir, f"{arm}-seed{seed}.json")
+
+
+def run_one(out_dir: str, results_dir: str, arm: str, seed: int, steps: int, python: str) -> dict[str, Any]:
     """One launcher run; its per-step metrics written to :func:`run_path` (written last: a run without that
     file is not done). Raises RuntimeError with the log's tail when the run fails."""
     estimator, extra, _ = ARMS[arm]
@@ -83,11 +87,12 @@ def run_one(out_dir: str, arm: str, seed: int, steps: int, python: str) -> dict[
     if proc.returncode != 0:
         raise RuntimeError(f"{arm} seed {seed} failed (rc {proc.returncode}); {log_path} ends:\n{output[-3000:]}")
     steps_logged = _summarize_log().parse_step_metrics(output)
-    record = {"arm": arm, "seed": seed, "command": " ".join(cmd), "seconds": round(time.time() - t0, 1),
+    command = " ".join(cmd).replace(REPO + os.sep, "")
+    record = {"arm": arm, "seed": seed, "command": f"MULTI_TURN=1 {command}", "seconds": round(time.time() - t0, 1),
               "steps": {str(k): {m: v[m] for m in KEPT if m in v} for k, v in sorted(steps_logged.items())}}
     if len(steps_logged) != steps:
         raise RuntimeError(f"{arm} seed {seed} logged {len(steps_logged)} of {steps} steps; see {log_path}")
-    path = run_path(out_dir, arm, seed)
+    path = run_path(results_dir, arm, seed)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path + ".tmp", "w") as f:
         json.dump(record, f, indent=1)
@@ -106,8 +111,7 @@ def run_metrics(record: dict) -> dict[str, float]:
             "seconds_per_step": mean(s.get("timing_s/step", float("nan")) for s in steps[1:] or steps)}
 
 
-def load_runs(out_dir: str) -> list[dict]:
-    folder = os.path.join(out_dir, "runs")
+def load_runs(folder: str) -> list[dict]:
     if not os.path.isdir(folder):
         return []
     runs = []
@@ -155,25 +159,26 @@ def report(runs: list[dict], arms: dict = ARMS) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--output-dir", default=os.path.join(REPO, "runs", "multiturn-comparison"),
-                   help="where the task, the logs and the per-run results go (default: %(default)s)")
+                   help="where the task, the logs and the checkpoints go (default: %(default)s)")
+    p.add_argument("--results-dir", default=RESULTS_DIR, help="one JSON per finished run (default: %(default)s)")
     p.add_argument("--steps", type=int, default=40, help="training steps per run, the same for every arm (default: 40)")
     p.add_argument("--report", action="store_true", help="only print the report of the runs already done")
     p.add_argument("--python", default=sys.executable, help="interpreter with verl and verl-group-ppo")
     args = p.parse_args(argv)
     if args.steps < WINDOW:
         raise SystemExit(f"--steps must be at least {WINDOW} (the final reward averages the last {WINDOW} steps)")
-    out_dir = os.path.abspath(args.output_dir)
+    out_dir, results_dir = os.path.abspath(args.output_dir), os.path.abspath(args.results_dir)
     if not args.report:
-        todo = [(a, s) for a, s in plan() if not os.path.exists(run_path(out_dir, a, s))]
+        todo = [(a, s) for a, s in plan() if not os.path.exists(run_path(results_dir, a, s))]
         print(f"[multiturn] {len(plan()) - len(todo)} runs done, {len(todo)} to go, {args.steps} steps each; "
-              f"output in {out_dir}", flush=True)
+              f"results in {results_dir}, logs in {out_dir}", flush=True)
         for k, (arm, seed) in enumerate(todo, start=1):
             t0 = time.time()
-            record = run_one(out_dir, arm, seed, args.steps, args.python)
+            record = run_one(out_dir, results_dir, arm, seed, args.steps, args.python)
             m = run_metrics(record)
             print(f"[multiturn] {k}/{len(todo)} {arm} seed {seed}: final {m['final']:.3f}, area {m['area']:.3f}, "
                   f"turns {m['turns_first']:.2f} -> {m['turns_last']:.2f} ({time.time() - t0:.0f} s)", flush=True)
-    print(report(load_runs(out_dir)))
+    print(report(load_runs(results_dir)))
     return 0
 
 

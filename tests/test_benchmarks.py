@@ -164,4 +164,4 @@ def test_multiturn_needs_enough_steps_for_the_final_window(tmp_path):
     bench = _load("bench_multiturn")
     with pytest.raises(SystemExit, match="--steps"):
         bench.main(["--steps", "5", "--output-dir", str(tmp_path)])
-    assert bench.main(["--report", "--output-dir", str(tmp_path)]) == 0  # nothing run: every run missing
+    assert bench.main(["--report", "--results-dir", str(tmp_path)]) == 0  # nothing run: every run missing

@@ -193,7 +193,12 @@ TOOL_TINY = prep.PrepareSettings(tools=True, response_length=96, model_size="tin
 @pytest.fixture(scope="session")
 def tool_task(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("cpu_tiny_tools")
-    prep.prepare(str(path), TOOL_TINY, log=lambda m: None)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a tiny model: more threads only wait on each other when the cores are busy
+    try:
+        prep.prepare(str(path), TOOL_TINY, log=lambda m: None)
+    finally:
+        torch.set_num_threads(threads)
     return path
 
 
