@@ -16,6 +16,11 @@ writes
 
 The task, the problem split and the warm start are the ones the demo trains on (:mod:`verl_group_ppo.tinytask`).
 A second call with the same settings finds ``prepare.json`` and does nothing.
+
+``--tools`` builds the tool task instead (:mod:`verl_group_ppo.tinytask.tooluse`, docs/multiturn.md): a tokenizer
+with the tool-call markers and a ``tool`` role in its chat template, a warm start on tool episodes laid out as
+verl's tool agent loop lays them out, rows for verl's ``tool_agent`` loop, and checks of the sampled accuracy
+and of how often the warm-started model calls the tool.
 """
 
 from __future__ import annotations
@@ -92,7 +97,7 @@ class PrepareSettings:
 #: ``--tools``: the settings of the tool task that differ from the single-turn task's. Responses hold up to
 #: 4 calls with their masked replies (about 17 tokens each) and the answer, about 4x the single-turn tokens,
 #: so the model is the demo's ``tiny`` one; 800 warm-start steps at slip 0.3 sampled about 0.19 correct with
-#: the tool called in about 0.9 of the responses (docs/cpu.md).
+#: the tool called in about 0.9 of the responses (docs/multiturn.md).
 TOOL_DEFAULTS: dict[str, Any] = {"response_length": 96, "model_size": "tiny", "warmstart_steps": 800,
                                  "warmstart_slip_prob": 0.3}
 
