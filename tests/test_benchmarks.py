@@ -126,3 +126,42 @@ def test_edge_sweep_needs_a_length_or_the_report(tmp_path):
     (tmp_path / "terms-4-5" / "a").mkdir(parents=True)  # a length still running is left out, and said so
     with pytest.raises(SystemExit, match="no length found"):
         bench.report(str(tmp_path), str(tmp_path / "x.png"))
+
+
+# ------------------------------------------------------------------------------------ bench_multiturn
+
+
+def _multiturn_record(arm: str, seed: int, rewards: list[float], turns: float = 4.0) -> dict:
+    return {"arm": arm, "seed": seed, "steps": {str(k + 1): {"critic/score/mean": r, "num_turns/mean": turns,
+                                                            "timing_s/step": 2.0} for k, r in enumerate(rewards)}}
+
+
+def test_multiturn_plan_covers_every_arm_and_seed_once_seeds_first():
+    bench = _load("bench_multiturn")
+    plan = bench.plan()
+    assert len(plan) == len(set(plan)) == sum(len(seeds) for _, _, seeds in bench.ARMS.values()) == 18
+    assert plan[:4] == [("group_ppo", 0), ("group_ppo_turn", 0), ("gae", 0), ("grpo", 0)]
+    assert [s for _, s in plan] == sorted(s for _, s in plan)
+
+
+def test_multiturn_report_pairs_seeds_applies_the_rule_and_lists_missing_runs():
+    bench = _load("bench_multiturn")
+    flat = [0.2] * 20
+    runs = [_multiturn_record("gae", s, flat) for s in (0, 1, 2)]
+    runs += [_multiturn_record("group_ppo", s, [0.2 + 0.05 + 0.01 * s] * 20) for s in (0, 1, 2)]
+    runs += [_multiturn_record("grpo", 0, [0.1] * 20)]
+    metrics = bench.run_metrics(runs[3])
+    assert metrics["final"] == pytest.approx(0.25) and metrics["area"] == pytest.approx(0.25)
+    text = bench.report(runs)
+    row = next(line for line in text.splitlines() if line.startswith("| group_ppo - gae | final"))
+    assert "| 3 | +0.060 +- " in row and row.endswith("| win |")
+    assert next(line for line in text.splitlines() if line.startswith("| grpo - gae | final")).endswith("| 1 | -0.100 +- n/a | level |")
+    assert "| group_ppo_turn - gae | final | 0 | - | - |" in text
+    assert "Missing runs (11)" in text and "gae-seed3" in text and "group_ppo-seed0" not in text.split("Missing")[1]
+
+
+def test_multiturn_needs_enough_steps_for_the_final_window(tmp_path):
+    bench = _load("bench_multiturn")
+    with pytest.raises(SystemExit, match="--steps"):
+        bench.main(["--steps", "5", "--output-dir", str(tmp_path)])
+    assert bench.main(["--report", "--results-dir", str(tmp_path)]) == 0  # nothing run: every run missing

@@ -99,7 +99,7 @@ def cases(draw):
         critic_lam=draw(st.one_of(st.none(), st.sampled_from([0.0, 0.9, 1.0]), st.floats(0.0, 1.0))),
         threshold=draw(st.one_of(st.sampled_from([0.0, 0.3, 1.0, 4.0, math.inf]), st.floats(0.0, 50.0))),
         group_max_size=draw(st.integers(1, T + 2)),
-        boundary_rule=draw(st.sampled_from(["variance", "fixed", "low_prob"])),
+        boundary_rule=draw(st.sampled_from(["variance", "fixed", "low_prob", "turn"])),
         adv_norm=draw(st.sampled_from(["batch", "prompt", "none"])),
         norm_by_std=draw(st.booleans()),
         low_prob_threshold=draw(st.sampled_from([0.1, 0.5, 0.9])),
@@ -148,7 +148,7 @@ def test_fast_equals_loop_reference(case):
 
 
 @pytest.mark.parametrize("mask_kind", ["prefix", "holes", "random"])
-@pytest.mark.parametrize("rule", ["variance", "fixed", "low_prob"])
+@pytest.mark.parametrize("rule", ["variance", "fixed", "low_prob", "turn"])
 def test_groups_partition_valid_tokens_into_contiguous_capped_runs(mask_kind, rule):  # properties 1, 2, 3, 6
     rewards, mask, values, olp, index = make_batch(3, 8, 40, mask_kind, empty_rows=True)
     gmax = 5
@@ -271,7 +271,7 @@ def test_adaptive_threshold_changes_group_sizes_monotonically():
 
 def test_small_functions_agree_with_rich_outputs():
     rewards, mask, values, olp, index = make_batch(21, 5, 30, "holes", junk=True)
-    for rule in ("variance", "fixed", "low_prob"):
+    for rule in ("variance", "fixed", "low_prob", "turn"):
         out = compute_group_ppo_outputs(rewards, mask, values=values, index=index,
                                         settings=algo_settings(0.9, group_max_size=4, boundary_rule=rule),
                                         old_log_probs=olp, threshold=1.0)
@@ -328,7 +328,7 @@ def test_inputs_are_not_mutated_and_no_graph_is_built():
     assert torch.equal(one_row, one_row_copy)
 
 
-@pytest.mark.parametrize("rule", ["variance", "fixed", "low_prob"])
+@pytest.mark.parametrize("rule", ["variance", "fixed", "low_prob", "turn"])
 def test_torch_loop_backend_equals_numpy_backend(monkeypatch, rule):
     """The per-step loops run on numpy views on CPU and with torch ops elsewhere (CUDA): same results."""
     import verl_group_ppo.core_algos as core
@@ -647,3 +647,54 @@ def test_per_token_changes_only_the_advantages(mask_kind):
 def test_within_group_is_validated_by_name():
     with pytest.raises(ValueError, match="algorithm.group_params.within_group"):
         GroupParams(within_group="tokens")
+
+
+# --------------------------------------------------------------------------------------------------
+# boundary_rule: turn (multi-turn: one group per assistant turn)
+
+
+def _turns(mask_row: torch.Tensor) -> list[list[int]]:
+    """The maximal runs of valid positions of one response (its assistant turns)."""
+    runs: list[list[int]] = []
+    for t in mask_row.nonzero().flatten().tolist():
+        if runs and runs[-1][-1] == t - 1:
+            runs[-1].append(t)
+        else:
+            runs.append([t])
+    return runs
+
+
+@pytest.mark.parametrize("within_group", ["broadcast", "per_token"])
+@pytest.mark.parametrize("adv_norm", ["batch", "prompt", "none"])
+def test_turn_rule_gives_one_group_per_turn_read_at_turn_starts(adv_norm, within_group):
+    rewards, mask, values, olp, index = make_batch(31, 6, 40, "holes", dense=False, empty_rows=True)
+    settings = algo_settings(0.97, 0.9, group_max_size=40, boundary_rule="turn", adv_norm=adv_norm,
+                             within_group=within_group)
+    out = compute_group_ppo_outputs(rewards, mask, values=values, index=index, settings=settings, threshold=3.0)
+    ref = reference_group_ppo(rewards, mask, values, gamma=0.97, lam=0.9, threshold=3.0, group_max_size=40,
+                              boundary_rule="turn", adv_norm=adv_norm, index=index, within_group=within_group)
+    assert_close(out.advantages, ref.advantages)
+    assert_close(out.returns, ref.returns)
+    n_turns = 0
+    for b in range(mask.shape[0]):
+        for k, turn in enumerate(_turns(mask[b]), start=1):
+            n_turns += 1
+            assert out.group_ids[b, turn].tolist() == [k] * len(turn)  # the turn is group k, whole
+            assert out.endpoint_mask[b, turn].tolist() == [False] * (len(turn) - 1) + [True]
+            assert out.critic_mask[b, turn].tolist() == [1.0] + [0.0] * (len(turn) - 1)  # read at its first token
+            if within_group == "broadcast":
+                assert torch.all(out.advantages[b, turn] == out.advantages[b, turn[0]])
+    assert out.metrics["group/num_groups"] == n_turns
+    assert torch.all(out.advantages[~mask.bool()] == 0) and torch.all(out.critic_mask[~mask.bool()] == 0)
+
+
+def test_turn_rule_splits_a_turn_longer_than_group_max_size():
+    mask = torch.tensor([[1, 1, 1, 1, 1, 0, 0, 1, 1, 1]], dtype=F64)
+    rewards = torch.zeros_like(mask)
+    rewards[0, -1] = 1.0
+    ends = find_group_endpoints(rewards, mask, values=torch.zeros_like(mask), group_max_size=2, boundary_rule="turn")
+    assert ends[0].tolist() == [False, True, False, True, True, False, False, False, True, True]
+
+
+def test_turn_rule_does_not_adapt_the_threshold():
+    assert not AdaptiveThreshold(GroupParams(boundary_rule="turn")).adapts

@@ -12,6 +12,8 @@ with absolute output paths handed to the Ray workers.
 
 from __future__ import annotations
 
+import importlib.util
+
 import os
 import subprocess
 from pathlib import Path
@@ -122,10 +124,63 @@ def main_ppo_checks(cfg) -> tuple[bool, bool]:
     return use_critic, use_ref
 
 
+def multiturn_script_path(estimator: str) -> Path:
+    return SCRIPT_DIR / f"run_qwen2_5-0.5b_gsm8k_multiturn{ESTIMATORS[estimator]}.sh"
+
+
 def test_script_set_is_complete():
     present = {p.name for p in SCRIPT_DIR.glob("run_*.sh")}
     expected = {script_path(size, est).name for size, est in CASES}
+    expected |= {multiturn_script_path(est).name for est in ESTIMATORS}
     assert present == expected, "every example script must be covered by this test"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("estimator", list(ESTIMATORS))
+def test_multiturn_recipe_composes_with_verl_config(estimator, stub_bin, tiny_model, tmp_path):
+    """The tool-calling recipe: the single-turn 0.5b recipe plus verl's tool agent loop, hermes format and the
+    calculator tool; nothing else differs."""
+    from omegaconf import OmegaConf
+
+    env = {"DATA_DIR": str(tmp_path / "gsm8k_multiturn"), "MODEL_PATH": tiny_model}
+    multi = overrides_of(multiturn_script_path(estimator), stub_bin, tmp_path, env=env)
+    single = overrides_of(script_path("0.5b", estimator), stub_bin, tmp_path, env=env)
+    cfg = compose(multi)
+    OmegaConf.to_container(cfg, resolve=True)
+    rollout = cfg.actor_rollout_ref.rollout
+    assert rollout.multi_turn.enable and rollout.multi_turn.format == "hermes"
+    assert rollout.agent.default_agent_loop == "tool_agent" and rollout.multi_turn.max_assistant_turns == 5
+    assert Path(rollout.multi_turn.function_tool_path) == SCRIPT_DIR / "calculator_tool.py"
+    assert cfg.trainer.experiment_name == f"qwen2_5-0.5b_gsm8k_multiturn_{estimator}"
+    main_ppo_checks(cfg)
+    added = [o for o in multi if o not in single]
+    assert all(o.split("=")[0].startswith("actor_rollout_ref.rollout.multi_turn.") or
+               o.split("=")[0] in ("actor_rollout_ref.rollout.agent.default_agent_loop", "trainer.experiment_name",
+                                   "trainer.default_local_dir", ENV_VARS + "TENSORBOARD_DIR") for o in added), added
+
+
+def test_multiturn_calculator_tool_loads_through_verl_and_parses_hermes_calls():
+    import asyncio
+    import json
+
+    from transformers import AutoTokenizer
+    from verl.experimental.agent_loop.tool_parser import ToolParser
+    from verl.tools.function_tool import load_function_tools_from_path
+
+    tools = load_function_tools_from_path(str(SCRIPT_DIR / "calculator_tool.py"))
+    assert [t.name for t in tools] == ["calculate"]
+    call = lambda expr: asyncio.run(tools[0].call({"expression": expr}))  # noqa: E731
+    assert call("48 / 2 + 7") == "31" and call("1,200 * 3") == "3600" and call("10 / 4") == "2.5"
+    assert call("__import__('os').getcwd()").startswith("error:") and call("2 ** 1000").startswith("error:")
+    assert call("1 / 0").startswith("error:")
+    spec = importlib.util.spec_from_file_location("verl_group_ppo_cpu_make_qwen_standin",
+                                                  REPO / "examples" / "cpu" / "make_qwen_standin.py")
+    standin = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(standin)
+    tok = AutoTokenizer.from_pretrained(standin.tokenizer_dir())  # Qwen2.5's real tokenizer (the test extra)
+    text = '<tool_call>\n{"name": "calculate", "arguments": {"expression": "48 / 2 + 7"}}\n</tool_call>'
+    _, calls = asyncio.run(ToolParser.get_tool_parser("hermes", tok).extract_tool_calls(tok.encode(text)))
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("calculate", {"expression": "48 / 2 + 7"})]
 
 
 @pytest.mark.slow

@@ -88,16 +88,28 @@ def test_written_sample_is_gsm8k_format_and_scores_with_verls_reward(tmp_path):
         gsm8k.sample_records(0, 0)
 
 
+def test_multiturn_sample_rows_name_the_tool_agent_loop_and_offer_the_tool(tmp_path):
+    paths = gsm8k.write_sample(str(tmp_path), n_train=4, n_test=2)
+    single, multi = gsm8k.rows_from_jsonl(paths["train"], "train"), gsm8k.rows_from_jsonl(paths["train"], "train", True)
+    for a, b in zip(single, multi):
+        assert b["agent_name"] == "tool_agent" and "agent_name" not in a
+        assert b["prompt"][0] == {"role": "system", "content": gsm8k.TOOL_SYSTEM_PROMPT} and b["prompt"][1:] == a["prompt"]
+        assert {k: v for k, v in b.items() if k not in ("agent_name", "prompt")} == {k: v for k, v in a.items() if k != "prompt"}
+
+
 @pytest.mark.slow
-def test_qwen_recipe_runs_two_steps_on_two_cpu_ranks(tmp_path):
+@pytest.mark.parametrize("multi_turn", [False, True], ids=["single_turn", "multiturn"])
+def test_qwen_recipe_runs_two_steps_on_two_cpu_ranks(tmp_path, multi_turn):
     summarize_log = _load("verl_group_ppo_cpu_summarize_log_recipe", CPU_DIR / "summarize_log.py")
-    env = {**os.environ, "WORK_DIR": str(tmp_path), "PYTHON": sys.executable,
+    env = {**os.environ, "WORK_DIR": str(tmp_path), "PYTHON": sys.executable, "MULTI_TURN": str(int(multi_turn)),
            "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
     proc = subprocess.run(["bash", str(CPU_DIR / "run_qwen_gsm8k_recipe.sh")], env=env, capture_output=True,
                           text=True, timeout=900)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-6000:]
     assert "-m verl.trainer.main_ppo" in output and "actor_rollout_ref.rollout.name=vllm" in output  # the recipe's own
+    experiment = "qwen2_5-0.5b_gsm8k" + ("_multiturn" if multi_turn else "") + "_group_ppo"
+    assert ("actor_rollout_ref.rollout.multi_turn.format=hermes" in output) == multi_turn
     steps = summarize_log.parse_step_metrics(output)
     assert sorted(steps) == [0, 1, 2], sorted(steps)  # step 0: the recipe's validation before training
     assert "val-core/openai/gsm8k/acc/mean@1" in steps[0]  # verl's own GSM8K reward
@@ -106,6 +118,6 @@ def test_qwen_recipe_runs_two_steps_on_two_cpu_ranks(tmp_path):
         assert 0.0 <= m["critic/score/mean"] <= 1.0 and m["group/num_groups"] > 0, (step, m)
         assert "critic/vf_loss" in m and "actor/pg_loss" not in m, (step, m)  # the recipe's critic warm-up
     run = tmp_path / "verl_group_ppo_gsm8k"
-    assert (run / "qwen2_5-0.5b_gsm8k_group_ppo" / "checkpoints" / "global_step_2").is_dir()
-    logged = [json.loads(line) for line in (run / "qwen2_5-0.5b_gsm8k_group_ppo.jsonl").read_text().splitlines()]
+    assert (run / experiment / "checkpoints" / "global_step_2").is_dir()
+    logged = [json.loads(line) for line in (run / f"{experiment}.jsonl").read_text().splitlines()]
     assert any("group/threshold" in rec.get("data", rec) for rec in logged)

@@ -72,6 +72,9 @@ def reference_group_ppo(
     # Step 2: endpoints.
     ends = []
     for b in range(B):
+        if boundary_rule == "turn":
+            ends.append(_turn_ends(positions[b], group_max_size))
+            continue
         p, d = positions[b], deltas[b]
         L = len(p)
         e = [False] * L
@@ -183,3 +186,17 @@ def reference_group_ppo(
 def _pvar(xs: list[float]) -> float:
     mu = sum(xs) / len(xs)
     return sum((x - mu) ** 2 for x in xs) / len(xs)
+
+
+def _turn_ends(p: list[int], group_max_size: int) -> list[bool]:
+    """The ``turn`` rule from its own definition: a turn is a maximal run of consecutive valid positions;
+    each turn is cut into pieces of ``group_max_size`` tokens counted from the turn's start, the last piece
+    ending at the turn's last token."""
+    ends = []
+    turn_start = 0
+    for i in range(len(p)):
+        if i > 0 and p[i] != p[i - 1] + 1:
+            turn_start = i
+        turn_last = i == len(p) - 1 or p[i + 1] != p[i] + 1
+        ends.append(turn_last or (i - turn_start + 1) % group_max_size == 0)
+    return ends

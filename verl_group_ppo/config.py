@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping, Optional
 
-BOUNDARY_RULES = ("variance", "fixed", "low_prob")
+BOUNDARY_RULES = ("variance", "fixed", "low_prob", "turn")
 ADV_NORMS = ("batch", "prompt", "none")
 CRITIC_LOSS_ON = ("boundaries", "all_tokens")
 ADAPTIVE_TARGETS = ("explained_variance", "group_size")
@@ -47,7 +47,8 @@ class GroupParams:
     threshold_lr: float = _help("Step size of the multiplicative tau update (log-space).", 0.1)
     min_threshold: float = _help("Lower bound for the adapted tau.", 0.1)
     max_threshold: float = _help("Upper bound for the adapted tau.", 10.0)
-    boundary_rule: str = _help("Endpoint rule: 'variance' (TD-variance budget), 'fixed' or 'low_prob'.", "variance")
+    boundary_rule: str = _help(
+        "Endpoint rule: 'variance' (TD-variance budget), 'fixed', 'low_prob' or 'turn' (one group per turn).", "variance")
     low_prob_threshold: float = _help("low_prob rule: a new group starts at a token with old prob below this.", 0.9)
     adv_norm: str = _help("Advantage normalisation: 'batch' (verl masked_whiten), 'prompt' (per uid) or 'none'.",
                           "batch")

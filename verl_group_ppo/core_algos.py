@@ -188,9 +188,12 @@ def find_group_endpoints(
 
     Rules: ``variance`` (a running budget of normalised squared TD residuals
     ``z = delta^2 / (mean(delta^2) + eps)`` ends a group once it reaches ``threshold``), ``fixed`` (every
-    ``group_max_size`` valid tokens) and ``low_prob`` (a group starts at each token whose old-policy
-    probability is below ``low_prob_threshold``). Under every rule a group ends at ``group_max_size``
-    tokens, at the last valid token and before a masked position (groups never span a hole).
+    ``group_max_size`` valid tokens), ``low_prob`` (a group starts at each token whose old-policy
+    probability is below ``low_prob_threshold``) and ``turn`` (no cut of its own: one group per assistant
+    turn, a turn being a maximal run of valid positions between masked tool observations). Under every
+    rule a group ends at ``group_max_size`` tokens, at the last valid token and before a masked position
+    (groups never span a hole); so ``turn`` cuts where ``fixed`` does, and is one group per turn when
+    ``group_max_size`` is at least the longest turn.
 
     Args:
         token_level_rewards, values, response_mask: (B, T), see :func:`compute_group_advantage`.
@@ -492,7 +495,7 @@ def _group_ends(delta_tm: torch.Tensor, batch: _Batch, params: GroupParams, tau:
         torch.mul(delta_tm, delta_tm, out=inc[:, 0])
         sigma2 = sum_of_squares(delta_tm) / batch.n_valid
         limit = tau * (sigma2 + params.group_epsilon)
-    else:
+    else:  # fixed, low_prob and turn: only the token budget and the forced ends below cut
         inc[:, 0].zero_()
         limit = math.inf
     forced = torch.empty_like(valid)

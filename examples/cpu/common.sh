@@ -6,16 +6,21 @@
 #
 #   ESTIMATOR  group_ppo | gae | grpo
 #
-# The run_tiny_*.sh scripts next to this file call it with a fixed ESTIMATOR. Extra arguments are
+# The run_tiny_*.sh scripts next to this file call it with a fixed ESTIMATOR (run_tiny_multiturn_*.sh with
+# MULTI_TURN=1). Extra arguments are
 # appended after every setting below, so they win (Hydra keeps the last value given for a key), e.g.
 #   trainer.total_training_steps=10   ++algorithm.group_params.critic_loss_on=all_tokens
 #   actor_rollout_ref.rollout.name=vllm   (verl's own vLLM rollout on vLLM's CPU build instead of the backend's
 #                                          hf rollout; the backend sets what vLLM needs on a CPU, docs/cpu.md)
 #
 # Environment:
-#   WORK_DIR  the tiny task's directory (default runs/cpu-tiny under the repository root); when
-#             WORK_DIR/model/prepare.json is missing, `python -m verl_group_ppo.tinytask.prepare` builds
-#             WORK_DIR/model and WORK_DIR/data/{train,test}.parquet there first (about 3-4 min)
+#   MULTI_TURN  1: the tiny tool task through verl's tool agent loop (multi_turn.enable, the `tool_agent`
+#             loop, the `add` function tool and the `tinycalc` call format; responses of up to 96 tokens,
+#             tool replies masked); default 0: the single-turn tiny task
+#   WORK_DIR  the tiny task's directory (default runs/cpu-tiny, with MULTI_TURN=1 runs/cpu-tiny-tools, under
+#             the repository root); when WORK_DIR/model/prepare.json is missing,
+#             `python -m verl_group_ppo.tinytask.prepare [--tools]` builds WORK_DIR/model and
+#             WORK_DIR/data/{train,test}.parquet there first (about 3-4 min)
 #   PYTHON    interpreter with verl and verl-group-ppo (default: the repository's .venv/bin/python
 #             when present, else python3)
 #   NICE      nice level of the run (default 5: the run yields to interactive work)
@@ -79,7 +84,12 @@ case "$estimator" in
 esac
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-WORK_DIR=${WORK_DIR:-$repo/runs/cpu-tiny}
+MULTI_TURN=${MULTI_TURN:-0}
+case "$MULTI_TURN" in
+  0) WORK_DIR=${WORK_DIR:-$repo/runs/cpu-tiny}; response_length=24; prepare_args=() ;;
+  1) WORK_DIR=${WORK_DIR:-$repo/runs/cpu-tiny-tools}; response_length=96; prepare_args=(--tools) ;;
+  *) echo "common.sh: MULTI_TURN='$MULTI_TURN' must be 0 or 1" >&2; exit 2 ;;
+esac
 mkdir -p "$WORK_DIR"
 WORK_DIR=$(cd "$WORK_DIR" && pwd)
 N_RANKS=${N_RANKS:-1}
@@ -92,7 +102,23 @@ if [ -z "${PYTHON:-}" ]; then
 fi
 
 if [ ! -f "$WORK_DIR/model/prepare.json" ]; then
-  "$PYTHON" -m verl_group_ppo.tinytask.prepare --output-dir "$WORK_DIR"
+  "$PYTHON" -m verl_group_ppo.tinytask.prepare --output-dir "$WORK_DIR" ${prepare_args[@]+"${prepare_args[@]}"}
+fi
+
+# Multi-turn: verl's ToolAgentLoop for every row (the rows name it too), the calculator as a function tool
+# (a file verl executes; it also registers the tinycalc call format), one call per turn.
+multi_turn=()
+if [ "$MULTI_TURN" = 1 ]; then
+  tool_file=$("$PYTHON" -c 'import importlib.util as u; print(u.find_spec("verl_group_ppo.tinytask.calculator_tool").origin)')
+  multi_turn=(
+    actor_rollout_ref.rollout.multi_turn.enable=True
+    actor_rollout_ref.rollout.multi_turn.format=tinycalc
+    actor_rollout_ref.rollout.multi_turn.function_tool_path="$tool_file"
+    actor_rollout_ref.rollout.multi_turn.max_assistant_turns=6
+    actor_rollout_ref.rollout.multi_turn.max_parallel_calls=1
+    actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent
+    trainer.experiment_name="tiny_multiturn_$estimator"
+  )
 fi
 
 # The one switch: verl-group-ppo's plugin installs its CPU backend (platform, hf rollout, ...) in the
@@ -140,7 +166,7 @@ shared=(
   data.train_batch_size=$train_batch
   data.val_batch_size=64
   data.max_prompt_length=32
-  data.max_response_length=24
+  data.max_response_length=$response_length
   data.dataloader_num_workers=0
   algorithm.gamma=1.0
   algorithm.lam=1.0
@@ -203,4 +229,4 @@ shared=(
 cd "$WORK_DIR"
 set -x
 exec nice -n "${NICE:-5}" "$PYTHON" -m verl.trainer.main_ppo "${shared[@]}" "${sampler[@]}" "${bypass[@]}" \
-  "${specific[@]}" "$@"
+  "${specific[@]}" ${multi_turn[@]+"${multi_turn[@]}"} "$@"

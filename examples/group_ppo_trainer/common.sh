@@ -6,12 +6,18 @@
 #   SIZE       0.5b | 1.5b | 3b | 7b          (picks model, GPU count, batch sizes)
 #   ESTIMATOR  group_ppo | gae | grpo
 #
-# The run_qwen2_5-*_gsm8k*.sh scripts next to this file call it with fixed SIZE and ESTIMATOR.
+# The run_qwen2_5-*_gsm8k*.sh scripts next to this file call it with fixed SIZE and ESTIMATOR (the *_multiturn*
+# ones with MULTI_TURN=1).
 # Extra arguments are appended after every setting below, so they win (Hydra keeps the last value
 # given for a key), e.g.  trainer.total_epochs=1  'trainer.logger=[console,tensorboard,file,wandb]'
 #
 # Environment:
-#   DATA_DIR    where examples/data_preprocess/gsm8k.py wrote train/test.parquet (default ~/data/gsm8k)
+#   MULTI_TURN  1: tool calling through verl's tool agent loop (multi_turn.enable, agent loop tool_agent, the
+#               `calculate` function tool of calculator_tool.py next to this file, verl's hermes format, up to
+#               5 assistant turns, tool replies of at most 256 characters); the data from
+#               `examples/data_preprocess/gsm8k.py --multi-turn`. Default 0: single-turn
+#   DATA_DIR    where examples/data_preprocess/gsm8k.py wrote train/test.parquet (default ~/data/gsm8k,
+#               with MULTI_TURN=1 ~/data/gsm8k_multiturn)
 #   MODEL_PATH  model for actor and critic (default: the Hugging Face Qwen2.5-<SIZE>-Instruct id)
 #   OUT_DIR     where logs and checkpoints go (default ./outputs), per run:
 #                 OUT_DIR/verl_group_ppo_gsm8k/<experiment>.jsonl        every metric, group/* included
@@ -60,13 +66,18 @@ case "$size" in
   *) echo "common.sh: unknown SIZE '$size' (expected 0.5b, 1.5b, 3b or 7b)" >&2; exit 2 ;;
 esac
 
-DATA_DIR=${DATA_DIR:-$HOME/data/gsm8k}
+MULTI_TURN=${MULTI_TURN:-0}
+case "$MULTI_TURN" in
+  0) DATA_DIR=${DATA_DIR:-$HOME/data/gsm8k}; turns="" ;;
+  1) DATA_DIR=${DATA_DIR:-$HOME/data/gsm8k_multiturn}; turns="_multiturn" ;;
+  *) echo "common.sh: MULTI_TURN='$MULTI_TURN' must be 0 or 1" >&2; exit 2 ;;
+esac
 MODEL_PATH=${MODEL_PATH:-$model}
 PYTHON=${PYTHON:-python3}
 OUT_DIR=${OUT_DIR:-$PWD/outputs}
 case "$OUT_DIR" in /*) ;; *) OUT_DIR=$PWD/$OUT_DIR ;; esac  # absolute: Ray workers do not share our cwd
 project=verl_group_ppo_gsm8k
-experiment="qwen2_5-${size}_gsm8k_${estimator}"
+experiment="qwen2_5-${size}_gsm8k${turns}_${estimator}"
 # Responses sampled per prompt: GRPO needs n > 1; all three estimators use the same n.
 rollout_n=5
 
@@ -155,5 +166,19 @@ case "$estimator" in
   *) echo "common.sh: unknown ESTIMATOR '$estimator' (expected group_ppo, gae or grpo)" >&2; exit 2 ;;
 esac
 
+# Tool calling: the tool replies sit in the response with response_mask 0 (GROUP-PPO ends a group at every
+# turn end and reads the critic right after each reply; docs/multiturn.md).
+multi_turn=()
+if [ "$MULTI_TURN" = 1 ]; then
+  multi_turn=(
+    actor_rollout_ref.rollout.multi_turn.enable=True
+    actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent
+    actor_rollout_ref.rollout.multi_turn.format=hermes
+    actor_rollout_ref.rollout.multi_turn.function_tool_path="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/calculator_tool.py"
+    actor_rollout_ref.rollout.multi_turn.max_assistant_turns=5
+    actor_rollout_ref.rollout.multi_turn.max_tool_response_length=256
+  )
+fi
+
 set -x
-exec "$PYTHON" -m verl.trainer.main_ppo "${shared[@]}" "${specific[@]}" "$@"
+exec "$PYTHON" -m verl.trainer.main_ppo "${shared[@]}" "${specific[@]}" ${multi_turn[@]+"${multi_turn[@]}"} "$@"

@@ -7,12 +7,18 @@ the same folder: one JSON object per response, over its valid response tokens (`
 the estimator saw it)::
 
     {"step": int, "uid": str, "score": float, "tokens": [str], "group_ids": [int],
-     "advantages": [float], "endpoints": [0/1]}
+     "advantages": [float], "endpoints": [0/1], "row": {...}}
 
 ``uid`` is the prompt id (verl's ``uid`` field; responses to one prompt share it), ``score`` the sum of
 the response's ``rm_scores`` (as verl's dump), ``tokens`` each token id decoded alone by the trainer's
 tokenizer, ``group_ids`` the 1-based group of each token within its response, ``endpoints`` 1 at
 each group's last token, 0 elsewhere. ``python -m verl_group_ppo.viz`` reads this format.
+
+``row`` holds the estimator's inputs and outputs over the response's positions up to its last valid token,
+masked positions included (a multi-turn response's tool replies): ``response_ids``, ``response_mask``,
+``token_level_rewards``, ``values``, ``advantages``, ``returns`` and ``critic_mask``, and the ``threshold`` tau
+the batch was cut with. With it a step's file is the whole advantage step of that batch, as verl produced it
+(the multi-turn tests read such a file).
 """
 
 from __future__ import annotations
@@ -32,7 +38,8 @@ def groups_file(rollout_data_dir: str, global_step: int) -> str:
 
 
 def response_records(step: int, uids: Sequence[str], scores: torch.Tensor, responses: torch.Tensor,
-                     response_mask: torch.Tensor, outputs: Any, tokenizer: Any) -> list[dict[str, Any]]:
+                     response_mask: torch.Tensor, outputs: Any, tokenizer: Any, rewards: torch.Tensor,
+                     values: torch.Tensor) -> list[dict[str, Any]]:
     """One record per response (see the module docstring).
 
     Args:
@@ -42,13 +49,20 @@ def response_records(step: int, uids: Sequence[str], scores: torch.Tensor, respo
         responses: (B, T) token ids, right-padded like ``response_mask``.
         response_mask: (B, T) 0/1, the mask the estimator saw.
         outputs: the estimator's ``GroupPPOOutputs`` for this batch ((B, T) ``group_ids``, ``advantages``,
-            ``endpoint_mask``).
+            ``endpoint_mask``, ``returns``, ``critic_mask``).
         tokenizer: has ``batch_decode(list of id lists) -> list[str]`` (a Hugging Face tokenizer).
+        rewards, values: (B, T) the estimator's ``token_level_rewards`` and ``values``.
     """
     records = []
     for i, uid in enumerate(uids):
         valid = response_mask[i].bool()
         ids = responses[i][valid].tolist()
+        span = int(valid.nonzero().max()) + 1 if ids else 0
+        row = {"threshold": float(outputs.threshold), "response_ids": responses[i, :span].tolist(),
+               "response_mask": response_mask[i, :span].int().tolist()}
+        for name, value in (("token_level_rewards", rewards), ("values", values), ("advantages", outputs.advantages),
+                            ("returns", outputs.returns), ("critic_mask", outputs.critic_mask)):
+            row[name] = value[i, :span].float().tolist()
         records.append({
             "step": int(step),
             "uid": str(uid),
@@ -57,6 +71,7 @@ def response_records(step: int, uids: Sequence[str], scores: torch.Tensor, respo
             "group_ids": outputs.group_ids[i][valid].tolist(),
             "advantages": outputs.advantages[i][valid].float().tolist(),
             "endpoints": outputs.endpoint_mask[i][valid].int().tolist(),
+            "row": row,
         })
     return records
 

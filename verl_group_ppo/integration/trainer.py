@@ -122,10 +122,14 @@ class GroupPPOTrainerMixin:
 
     def _records(self, batch: KVBatchMeta, fetched: dict, outputs: GroupPPOOutputs) -> list[dict[str, Any]]:
         """This batch's groups-file records, over the valid tokens of the mask the estimator saw."""
-        mask = fetch_fields(batch, ["response_mask"])["response_mask"]
+        # as the estimator saw them: verl stores token_level_rewards only when the KL penalty rewrote them
+        # (trainer_base.py:1787-1789); else they are the rm_scores
+        kl_in_reward = bool(select(self.config, "algorithm.use_kl_in_reward", False))
+        seen = fetch_fields(batch, ["response_mask"] + (["token_level_rewards"] if kl_in_reward else []))
+        rewards = seen["token_level_rewards"] if kl_in_reward else fetched["rm_scores"]
         return rollout_groups.response_records(
-            self.global_steps, fetched["uid"], fetched["rm_scores"].sum(dim=-1), fetched["responses"], mask,
-            outputs, self.tokenizer)
+            self.global_steps, fetched["uid"], fetched["rm_scores"].sum(dim=-1), fetched["responses"],
+            seen["response_mask"], outputs, self.tokenizer, rewards, fetched["values"])
 
     def _rollout_data_dir(self) -> Optional[str]:
         return select(self.config, "trainer.rollout_data_dir")

@@ -16,6 +16,11 @@ writes
 
 The task, the problem split and the warm start are the ones the demo trains on (:mod:`verl_group_ppo.tinytask`).
 A second call with the same settings finds ``prepare.json`` and does nothing.
+
+``--tools`` builds the tool task instead (:mod:`verl_group_ppo.tinytask.tooluse`, docs/multiturn.md): a tokenizer
+with the tool-call markers and a ``tool`` role in its chat template, a warm start on tool episodes laid out as
+verl's tool agent loop lays them out, rows for verl's ``tool_agent`` loop, and checks of the sampled accuracy
+and of how often the warm-started model calls the tool.
 """
 
 from __future__ import annotations
@@ -39,6 +44,17 @@ CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+#: with ``--tools``: ChatML for the tool loop. A tool reply is a ``tool`` message; an assistant message's calls
+#: (verl keeps them apart from its text) are written back in the ``tinycalc`` format; the tool schemas are not
+#: rendered (the warm start teaches the one tool), which keeps prompts short.
+TOOL_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}{% endif %}"
+    "{% for call in message.get('tool_calls') or [] %}{% set args = call['function']['arguments'] %}"
+    "{% if args is mapping and 'a' in args and 'b' in args %}<tool_call>{{ args['a'] }}"
+    "{{ '-' if args['b'] < 0 else '+' }}{{ args['b'] | abs }}</tool_call>{% endif %}{% endfor %}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 KEY_FILE = "prepare.json"
 
 
@@ -61,14 +77,29 @@ class PrepareSettings:
     response_length: int = 24
     tokenizer_vocab_size: int = 320
     min_sampled_accuracy: float = 0.02  # refuse a warm start that samples fewer correct (0: plumbing checks only)
+    tools: bool = False  # the tool-use task (tinytask.tooluse): episodes with calls of a calculator
+    tool_prob: float = 0.5  # tools: each step of a warm-start episode calls the tool with this probability
+    max_assistant_turns: int = 6  # tools: the agent loop's turn limit (the checks' sampler uses it too)
+    min_call_rate: float = 0.5  # tools: refuse a warm start whose sampled responses call the tool less often
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
             if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
                 raise ValueError(f"{f.name}: must be >= 0, got {value}")
+        for name in ("tool_prob", "min_call_rate"):
+            if getattr(self, name) > 1:
+                raise ValueError(f"{name}: must be in [0, 1], got {getattr(self, name)}")
         if self.warmstart_batch_size > self.n_train:
             raise ValueError(f"warmstart_batch_size: {self.warmstart_batch_size} exceeds n_train={self.n_train}")
+
+
+#: ``--tools``: the settings of the tool task that differ from the single-turn task's. Responses hold up to
+#: 4 calls with their masked replies (about 17 tokens each) and the answer, about 4x the single-turn tokens,
+#: so the model is the demo's ``tiny`` one; 800 warm-start steps at slip 0.3 sampled about 0.19 correct with
+#: the tool called in about 0.9 of the responses (docs/multiturn.md).
+TOOL_DEFAULTS: dict[str, Any] = {"response_length": 96, "model_size": "tiny", "warmstart_steps": 800,
+                                 "warmstart_slip_prob": 0.3}
 
 
 class ChatTokenizer:
@@ -108,14 +139,29 @@ def chat_messages(prompt: str) -> list[dict[str, str]]:
     return [{"role": "user", "content": prompt}]
 
 
-def tokenizer_texts(problems: Sequence[Problem]) -> list[str]:
-    """The text between special tokens of each chat-templated example (roles, prompts, solutions)."""
-    return [t for p in problems for t in ("user\n" + p.prompt, "\n", "assistant\n" + p.solution)]
+def tokenizer_texts(problems: Sequence[Problem], tools: bool = False) -> list[str]:
+    """The text between special tokens of each chat-templated example (roles, prompts, solutions); with
+    ``tools``, of a scripted tool episode (assistant turns without the call markers, tool replies)."""
+    if not tools:
+        return [t for p in problems for t in ("user\n" + p.prompt, "\n", "assistant\n" + p.solution)]
+    import random
+
+    from .tooluse import CALL_CLOSE, CALL_OPEN, scripted_episode
+
+    rng, texts = random.Random(0), []
+    for p in problems:
+        episode = scripted_episode(p, rng, tool_prob=0.5, slip_prob=0.0)
+        texts += ["user\n" + p.prompt, "\n"]
+        texts += ["assistant\n" + t.replace(CALL_OPEN, " ").replace(CALL_CLOSE, " ") for t in episode.turns]
+        texts += ["tool\n" + r for r in episode.replies]
+    return texts
 
 
-def train_tokenizer(texts: Sequence[str], vocab_size: int):
+def train_tokenizer(texts: Sequence[str], vocab_size: int, tools: bool = False):
     """A byte-level BPE trained on ``texts`` with Qwen2's normaliser and pre-tokeniser (so the tokenizer
-    transformers rebuilds from ``vocab.json`` + ``merges.txt`` is this one). Returns (Qwen2Tokenizer, vocab, merges)."""
+    transformers rebuilds from ``vocab.json`` + ``merges.txt`` is this one). With ``tools``, the tool-call
+    markers are added tokens of their own and the chat template is :data:`TOOL_CHAT_TEMPLATE`. Returns
+    (Qwen2Tokenizer, vocab, merges)."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX, Qwen2Tokenizer
 
@@ -134,6 +180,11 @@ def train_tokenizer(texts: Sequence[str], vocab_size: int):
     hf = Qwen2Tokenizer(vocab=vocab, merges=merges, eos_token=IM_END, pad_token=PAD_TOKEN, unk_token=PAD_TOKEN,
                         extra_special_tokens=[IM_START])
     hf.chat_template = CHAT_TEMPLATE
+    if tools:
+        from .tooluse import CALL_CLOSE, CALL_OPEN
+
+        hf.add_tokens([CALL_OPEN, CALL_CLOSE])  # not special: decoded text keeps them (the parser reads them)
+        hf.chat_template = TOOL_CHAT_TEMPLATE
     return hf, vocab, merges
 
 
@@ -146,10 +197,13 @@ def save_tokenizer(hf_tokenizer: Any, vocab: dict[str, int], merges: Sequence[tu
         f.write("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges))
 
 
-def verl_row(problem: Problem, task: Task, split: str, index: int) -> dict[str, Any]:
-    """One row in verl's RL dataset format; ``extra_info`` carries what the verifier needs."""
+def verl_row(problem: Problem, task: Task, split: str, index: int, tools: bool = False) -> dict[str, Any]:
+    """One row in verl's RL dataset format; ``extra_info`` carries what the verifier needs. Rows of the tool
+    task name verl's tool agent loop (``agent_name``) and the tool task's data source."""
+    extra = {"agent_name": "tool_agent"} if tools else {}
     return {
-        "data_source": data_source_for(task.name),
+        **extra,
+        "data_source": data_source_for(task.name, tools=tools),
         "prompt": chat_messages(problem.prompt),
         "ability": "arithmetic",
         "reward_model": {"style": "rule", "ground_truth": problem.answer},
@@ -158,10 +212,10 @@ def verl_row(problem: Problem, task: Task, split: str, index: int) -> dict[str, 
     }
 
 
-def write_split(problems: Sequence[Problem], task: Task, split: str, path: str) -> None:
+def write_split(problems: Sequence[Problem], task: Task, split: str, path: str, tools: bool = False) -> None:
     import pandas as pd
 
-    pd.DataFrame([verl_row(p, task, split, i) for i, p in enumerate(problems)]).to_parquet(path)
+    pd.DataFrame([verl_row(p, task, split, i, tools) for i, p in enumerate(problems)]).to_parquet(path)
 
 
 class PrintProgress:
@@ -187,10 +241,20 @@ def warm_start(settings: PrepareSettings, task: Task, tok: ChatTokenizer, train:
 
     from .warmstart import train_warmstart
 
+    make_batch = None
+    if settings.tools:
+        from .tool_episodes import EpisodeEncoder, episode_batch
+
+        encoder = EpisodeEncoder(tok.hf)
+
+        def make_batch(problems, rng):
+            return episode_batch(encoder, problems, rng, settings.tool_prob, settings.warmstart_slip_prob,
+                                 settings.response_length, torch.device("cpu"))
+
     policy, losses = train_warmstart(
         task, tok, train, settings.model_size, settings.warmstart_steps, settings.warmstart_batch_size,
         settings.warmstart_lr, settings.seed, settings.response_length, torch.device("cpu"),
-        PrintProgress(settings.warmstart_steps, log), slip_prob=settings.warmstart_slip_prob)
+        PrintProgress(settings.warmstart_steps, log), slip_prob=settings.warmstart_slip_prob, make_batch=make_batch)
     return policy.eval(), (losses[-1] if losses else float("nan"))
 
 
@@ -201,6 +265,24 @@ def sampled_accuracy(policy, task: Task, tok: ChatTokenizer, problems: list[Prob
 
     return {"sampled": evaluate(policy, task, tok, problems, response_length, greedy=False, samples=2),
             "greedy": evaluate(policy, task, tok, problems, response_length, greedy=True)}
+
+
+def tool_accuracy(policy, task: Task, tok: ChatTokenizer, problems: list[Problem], settings: PrepareSettings) -> dict:
+    """The tool loop's checks: mean reward of 2 sampled episodes per prompt (temperature 1, fixed generator)
+    and of greedy ones, the share of sampled episodes with at least one tool call, and calls per episode."""
+    import torch
+
+    from .tool_episodes import EpisodeEncoder, sample_episodes
+
+    encoder = EpisodeEncoder(tok.hf)
+    run = lambda items, **kw: sample_episodes(policy, encoder, task, items, settings.response_length,  # noqa: E731
+                                              settings.max_assistant_turns, **kw)
+    sampled = run([p for p in problems for _ in range(2)], generator=torch.Generator().manual_seed(0))
+    greedy = run(problems, greedy=True)
+    n = len(sampled)
+    return {"sampled": sum(e.reward for e in sampled) / n, "greedy": sum(e.reward for e in greedy) / len(greedy),
+            "call_rate": sum(e.num_calls > 0 for e in sampled) / n,
+            "calls_per_response": sum(e.num_calls for e in sampled) / n}
 
 
 def save_model(policy, tok: ChatTokenizer, vocab, merges, path: str) -> None:
@@ -243,25 +325,41 @@ def prepare(output_dir: str, settings: PrepareSettings = PrepareSettings(), log:
     t0 = time.time()
     task, train, test = task_and_split(settings)
     log(f"[prepare] {len(train)} train / {len(test)} test {task.name} problems ({time.time() - t0:.0f} s)")
-    hf, vocab, merges = train_tokenizer(tokenizer_texts(train), settings.tokenizer_vocab_size)
+    hf, vocab, merges = train_tokenizer(tokenizer_texts(train, settings.tools), settings.tokenizer_vocab_size,
+                                        tools=settings.tools)
     tok = ChatTokenizer(hf)
     log(f"[prepare] byte-level BPE tokenizer: {tok.vocab_size} tokens; warm start of a {settings.model_size} "
-        f"Qwen2 model for {settings.warmstart_steps} steps")
+        f"Qwen2 model for {settings.warmstart_steps} steps" + (" on tool episodes" if settings.tools else ""))
     policy, final_loss = warm_start(settings, task, tok, train, log)
-    accuracy = sampled_accuracy(policy, task, tok, test, settings.response_length)
+    if settings.tools:
+        accuracy = tool_accuracy(policy, task, tok, test, settings)
+    else:
+        accuracy = sampled_accuracy(policy, task, tok, test, settings.response_length)
     log(f"[prepare] warm-started accuracy on the test set: sampled {accuracy['sampled']:.3f}, "
-        f"greedy {accuracy['greedy']:.3f}")
-    if accuracy["sampled"] < settings.min_sampled_accuracy:
-        raise RuntimeError(
-            f"the warm start samples {accuracy['sampled']:.3f} correct answers (< --min-sampled-accuracy "
-            f"{settings.min_sampled_accuracy}): RL from it would see almost no reward. Give it more room with "
-            "--warmstart-steps (more), --warmstart-slip-prob (lower) or --model-size (larger).")
+        f"greedy {accuracy['greedy']:.3f}" + (f"; sampled responses calling the tool {accuracy['call_rate']:.2f}, "
+                                              f"calls per response {accuracy['calls_per_response']:.2f}"
+                                              if settings.tools else ""))
+    check_warm_start(accuracy, settings)
     info = {"format_version": FORMAT_VERSION, "settings": asdict(settings), "final_loss": final_loss,
             "test_accuracy": accuracy, "seconds": round(time.time() - t0, 1),
             "num_parameters": sum(p.numel() for p in policy.parameters())}
     write_outputs(output_dir, policy, tok, vocab, merges, task, train, test, info)
     log(f"[prepare] wrote {output_dir}/model and {output_dir}/data/{{train,test}}.parquet ({info['seconds']} s)")
     return info
+
+
+def check_warm_start(accuracy: dict, settings: PrepareSettings) -> None:
+    """RuntimeError naming the flags to change when the warm start leaves RL almost no reward, or (tool task)
+    calls the tool in fewer sampled responses than ``min_call_rate``."""
+    if accuracy["sampled"] < settings.min_sampled_accuracy:
+        raise RuntimeError(
+            f"the warm start samples {accuracy['sampled']:.3f} correct answers (< --min-sampled-accuracy "
+            f"{settings.min_sampled_accuracy}): RL from it would see almost no reward. Give it more room with "
+            "--warmstart-steps (more), --warmstart-slip-prob (lower) or --model-size (larger).")
+    if settings.tools and accuracy["call_rate"] < settings.min_call_rate:
+        raise RuntimeError(
+            f"the warm start calls the tool in {accuracy['call_rate']:.2f} of its sampled responses (< "
+            f"--min-call-rate {settings.min_call_rate}): raise --tool-prob or --warmstart-steps.")
 
 
 def write_outputs(output_dir: str, policy, tok: ChatTokenizer, vocab, merges, task: Task, train: list[Problem],
@@ -273,7 +371,7 @@ def write_outputs(output_dir: str, policy, tok: ChatTokenizer, vocab, merges, ta
     shutil.rmtree(tmp_model, ignore_errors=True)
     save_model(policy, tok, vocab, merges, tmp_model)
     for split, problems in (("train", train), ("test", test)):
-        write_split(problems, task, split, os.path.join(data_dir, f"{split}.parquet.tmp"))
+        write_split(problems, task, split, os.path.join(data_dir, f"{split}.parquet.tmp"), info["settings"]["tools"])
         os.replace(os.path.join(data_dir, f"{split}.parquet.tmp"), os.path.join(data_dir, f"{split}.parquet"))
     shutil.rmtree(model_dir, ignore_errors=True)
     os.replace(tmp_model, model_dir)
@@ -287,14 +385,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-dir", required=True, help="where model/ and data/ are written")
     defaults = PrepareSettings()
     for f in fields(PrepareSettings):
-        p.add_argument("--" + f.name.replace("_", "-"), type=type(getattr(defaults, f.name)),
-                       default=getattr(defaults, f.name), help=f"(default: %(default)s)")
+        if isinstance(getattr(defaults, f.name), bool):
+            p.add_argument("--" + f.name.replace("_", "-"), action="store_true", help="(off by default)")
+            continue
+        tools_default = f" ({TOOL_DEFAULTS[f.name]} with --tools)" if f.name in TOOL_DEFAULTS else ""
+        p.add_argument("--" + f.name.replace("_", "-"), type=type(getattr(defaults, f.name)), default=None,
+                       help=f"(default: {getattr(defaults, f.name)}{tools_default})")
     p.add_argument("--force", action="store_true", help="rebuild even when the outputs are up to date")
     p.add_argument("--threads", type=int, default=None,
                    help="torch threads (default: 2 when the machine has 2 cores or more, else 1; the warm start "
                         "ran 1.3x faster with 2 than with 1 on a quiet 2-core machine, but 7x slower when the "
                         "cores were busy: use 1 on a loaded machine)")
     return p
+
+
+def settings_from_flags(flags: dict[str, Any]) -> PrepareSettings:
+    """The settings from the parsed flags: a flag not given (None) takes its default, with ``tools`` the
+    tool task's (:data:`TOOL_DEFAULTS`)."""
+    given = {key: value for key, value in flags.items() if value is not None}
+    base = TOOL_DEFAULTS if given.get("tools") else {}
+    return PrepareSettings(**{**base, **given})
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -307,7 +417,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(threads)
-    prepare(os.path.abspath(output_dir), PrepareSettings(**args), log=lambda m: print(m, flush=True), force=force)
+    prepare(os.path.abspath(output_dir), settings_from_flags(args), log=lambda m: print(m, flush=True), force=force)
     return 0
 
 

@@ -7,7 +7,8 @@ response when the run sets::
     reward.custom_reward_function.name=compute_score
 
 The score is the task's exact verifier (:meth:`verl_group_ppo.tinytask.tasks.Task.verify`): 1.0 when the response
-is the correct running totals followed by ``#<answer>``, else 0.0. The task is named by the row's
+is the correct running totals followed by ``#<answer>``, else 0.0; for the tool-use task (data source ending
+``+tools``) the final answer of the episode (:func:`verl_group_ppo.tinytask.tooluse.score_transcript`). The task is named by the row's
 ``data_source`` (``verl_group_ppo/chain_sum``); the problem is rebuilt from the row written by
 :mod:`verl_group_ppo.tinytask.prepare` (``reward_model.ground_truth`` and ``extra_info``).
 
@@ -27,11 +28,18 @@ from .tasks import TASKS, Problem, Task, make_task
 DATA_SOURCE_PREFIX = "verl_group_ppo/"
 
 
-def data_source_for(task_name: str) -> str:
-    """The ``data_source`` written into a row of ``task_name`` (e.g. ``verl_group_ppo/chain_sum``)."""
+#: the ``data_source`` suffix of the tool-use task's rows (:mod:`verl_group_ppo.tinytask.tooluse`)
+TOOLS_SUFFIX = "+tools"
+
+
+def data_source_for(task_name: str, tools: bool = False) -> str:
+    """The ``data_source`` written into a row of ``task_name`` (e.g. ``verl_group_ppo/chain_sum``, or
+    ``verl_group_ppo/chain_sum+tools`` for the tool-use task)."""
     if task_name not in TASKS:
         raise ValueError(f"task_name: unknown task {task_name!r}; choose one of {sorted(TASKS)}")
-    return DATA_SOURCE_PREFIX + task_name
+    if tools and task_name != "chain_sum":
+        raise ValueError(f"task_name: the tool-use task is built on chain_sum, got {task_name!r}")
+    return DATA_SOURCE_PREFIX + task_name + (TOOLS_SUFFIX if tools else "")
 
 
 @lru_cache(maxsize=None)
@@ -58,4 +66,9 @@ def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_
     """verl's custom reward function: the task's exact verifier, 1.0 or 0.0."""
     if extra_info is None:
         raise ValueError("extra_info: verl passed none; the tiny task's rows carry the problem there")
-    return float(task_for(data_source).verify(solution_str, problem_from_row(ground_truth, extra_info)))
+    problem = problem_from_row(ground_truth, extra_info)
+    if data_source.endswith(TOOLS_SUFFIX):
+        from .tooluse import score_transcript
+
+        return score_transcript(solution_str, problem, task_for(data_source[: -len(TOOLS_SUFFIX)]))
+    return float(task_for(data_source).verify(solution_str, problem))

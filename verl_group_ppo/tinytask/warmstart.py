@@ -58,13 +58,17 @@ def warmstart_key(task: Task, size: str, steps: int, batch_size: int, lr: float,
 
 def train_warmstart(task: Task, tok: CharTokenizer, train: list[Problem], size: str, steps: int,
                     batch_size: int, lr: float, seed: int, response_len: int, device, progress=None,
-                    slip_prob: float = 0.0):
+                    slip_prob: float = 0.0, make_batch=None):
     """Teacher-forced cross-entropy on response tokens (EOS included); cosine learning rate.
 
     With ``slip_prob`` > 0 each intermediate step of a worked solution is replaced by a near miss with that
     probability (the chain then continues from the wrong total): the warm-started policy is a noisy
     reasoner that usually knows the right step but sometimes slips, and a single slip anywhere makes
     the final answer wrong. RL has to find which token slipped from the outcome reward alone.
+
+    ``make_batch(problems, rng) -> (rollout, loss_mask)`` replaces the worked solutions with other training
+    rows (the tool task's episodes, :func:`verl_group_ppo.tinytask.tool_episodes.episode_batch`); the loss is
+    then taken where ``loss_mask`` (B, T) is 1.
     """
     policy = build_policy(tok.vocab_size, size, seed, tok.pad_id, tok.eos_id).to(device)
     policy.train()
@@ -77,10 +81,14 @@ def train_warmstart(task: Task, tok: CharTokenizer, train: list[Problem], size: 
         for g in opt.param_groups:
             g["lr"] = lr * scale
         chosen = rng.sample(train, batch_size)
-        sols = [task.noisy_solution(p, rng, slip_prob) for p in chosen]
-        batch = teacher_forced_batch(tok, chosen, device, response_len, sols)
+        if make_batch is None:
+            sols = [task.noisy_solution(p, rng, slip_prob) for p in chosen]
+            batch = teacher_forced_batch(tok, chosen, device, response_len, sols)
+            loss_mask = batch.response_mask
+        else:
+            batch, loss_mask = make_batch(chosen, rng)
         logp, _ = log_probs_and_entropy(policy, batch)
-        loss = -(logp * batch.response_mask).sum() / batch.response_mask.sum()
+        loss = -(logp * loss_mask).sum() / loss_mask.sum()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)

@@ -1,0 +1,111 @@
+"""The tiny tool-use task: the chain task where the model may call a calculator between its turns.
+
+Prompt and verifier are the chain task's (:class:`~verl_group_ppo.tinytask.tasks.ChainSumTask`): ``4+7-3+8=``,
+reward 1 when the final answer after ``#`` is right. What changes is the response: it is an episode of
+assistant turns with tool replies in between. At each step of the chain the model either writes the
+running total itself (``11 ``) or ends its turn with a call of the ``add`` tool, written as the step's
+arithmetic between two markers::
+
+    assistant: <tool_call>4+7</tool_call>         -> tool: 11
+    assistant: 8 <tool_call>8+8</tool_call>       -> tool: 16
+    assistant: #16
+
+(here the model computed 11-3 = 8 itself, and called the tool for the first and the last step). The tool
+is exact; the model's own steps may slip. So calling the tool pays, but only if the call copies the right
+operands (the last total, the prompt's next term). The supervised warm start imitates episodes in which
+each step calls the tool with probability ``tool_prob`` and slips with probability ``slip_prob`` when it
+does not: a noisy agent that calls the tool on some steps and slips on others, with room for RL to learn
+to call it (:func:`scripted_episode`).
+
+This module is the task alone (text in, text out; no verl, no torch). verl's side: the function tool
+``add`` and the ``tinycalc`` tool-call format (:mod:`verl_group_ppo.tinytask.calculator_tool`,
+:mod:`verl_group_ppo.tinytask.tool_parser`); the model, tokenizer and data: :mod:`verl_group_ppo.tinytask.prepare`
+with ``--tools``.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+
+from .tasks import ANSWER_MARK, ChainSumTask, Problem, extract_answer
+
+CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
+#: the tool-call format's name, as ``actor_rollout_ref.rollout.multi_turn.format`` names it
+TOOL_FORMAT = "tinycalc"
+#: the tool's name (``add(a, b)``)
+TOOL_NAME = "add"
+_CALL = re.compile(re.escape(CALL_OPEN) + r"\s*(-?\d+)\s*([+-])\s*(\d+)\s*" + re.escape(CALL_CLOSE))
+
+
+def add(a: int, b: int) -> int:
+    """The calculator: ``a + b`` (subtraction is the addition of a negative ``b``)."""
+    return int(a) + int(b)
+
+
+def format_call(a: int, b: int) -> str:
+    """The text of a call of ``add(a, b)``: ``<tool_call>11-3</tool_call>`` for ``add(11, -3)``."""
+    return f"{CALL_OPEN}{int(a)}{'-' if b < 0 else '+'}{abs(int(b))}{CALL_CLOSE}"
+
+
+def parse_calls(text: str) -> tuple[str, list[tuple[int, int]]]:
+    """The calls in an assistant turn's text as ``(a, b)`` pairs of ``add``, and the text without them.
+
+    A marker pair whose inside is not ``<int>+<int>`` or ``<int>-<int>`` is not a call (it stays in the text).
+    """
+    calls = [(int(a), int(b) if op == "+" else -int(b)) for a, op, b in _CALL.findall(text)]
+    return _CALL.sub("", text), calls
+
+
+def chain_steps(problem: Problem) -> tuple[int, list[int]]:
+    """A chain problem's first term and its signed later terms: ``4+7-3+8=`` -> ``(4, [7, -3, 8])``."""
+    tokens = problem.entry["metadata"]["expression"].split()
+    terms = [int(num) if op == "+" else -int(num) for op, num in zip(tokens[1::2], tokens[2::2])]
+    return int(tokens[0]), terms
+
+
+@dataclass(frozen=True)
+class Episode:
+    """A scripted episode: the assistant turns' texts and the tool's reply after each turn but the last."""
+
+    turns: tuple[str, ...]
+    replies: tuple[str, ...]
+
+    @property
+    def num_calls(self) -> int:
+        return len(self.replies)
+
+
+def scripted_episode(problem: Problem, rng: random.Random, tool_prob: float, slip_prob: float) -> Episode:
+    """An episode the warm start imitates: each step calls the tool with probability ``tool_prob``; a step the
+    model writes itself slips to a near miss (off by 1-3) with probability ``slip_prob``, and the chain
+    goes on from the slipped total (so the answer is wrong)."""
+    for name, p in (("tool_prob", tool_prob), ("slip_prob", slip_prob)):
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"{name} must be in [0, 1], got {p}")
+    total, terms = chain_steps(problem)
+    turns, replies, text = [], [], ""
+    for term in terms:
+        if rng.random() < tool_prob:
+            turns.append(text + format_call(total, term))
+            total = add(total, term)
+            replies.append(str(total))
+            text = ""
+        else:
+            total = add(total, term)
+            if rng.random() < slip_prob:
+                total += rng.choice((-3, -2, -1, 1, 2, 3))
+            text += f"{total} "
+    turns.append(f"{text}{ANSWER_MARK}{total}")
+    return Episode(tuple(turns), tuple(replies))
+
+
+def score_transcript(transcript: str, problem: Problem, task: ChainSumTask) -> float:
+    """1.0 when the episode's final answer (the text after its last ``#``) is right by the chain task's scorer,
+    else 0.0. ``transcript`` is the whole response as verl decodes it, tool replies included (they never hold
+    ``#``); only the final answer is graded, since the running totals are partly the tool's."""
+    answer = extract_answer(transcript)
+    if not answer:
+        return 0.0
+    return 1.0 if task._score(answer, problem) >= 1.0 else 0.0
