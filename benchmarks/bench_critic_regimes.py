@@ -224,6 +224,7 @@ def report(out_dir: str, figure: str) -> str:
                 d = diffs[f"{arm}-{base}"]
                 lines.append(f"| {_label(arm)} - {_label(base)} | {edge._cell(d['final'])} | {edge._cell(d['area'])} |")
         lines.append("")
+    lines += regime_differences(by_regime)
     missing = missing_runs(out_dir)
     if missing:
         lines.append(f"Missing runs ({len(missing)} of {len(plan())}): " +
@@ -233,6 +234,19 @@ def report(out_dir: str, figure: str) -> str:
     if any(summaries[r] for r in REGIMES):
         plot(summaries, figure)
     return "\n".join(lines)
+
+
+def regime_differences(by_regime: dict[str, list[dict]]) -> list[str]:
+    """Table lines: each critic arm's ``pretrained - recipe`` paired difference (what pretraining does to it)."""
+    tagged = [{**r, "estimator": f"{r['estimator']}@{regime}"} for regime, runs in by_regime.items() for r in runs]
+    arms = [arm for arm, _ in CRITIC_ARMS]
+    diffs = edge.differences(tagged, tuple((f"{a}@{REGIMES[1]}", f"{a}@{REGIMES[0]}") for a in arms))
+    lines = [f"### `{REGIMES[1]}` - `{REGIMES[0]}`, per arm", "", "| arm | final | area |", "|---|---|---|"]
+    for arm in arms:
+        d = diffs[f"{arm}@{REGIMES[1]}-{arm}@{REGIMES[0]}"]
+        if d["final"]["seeds"]:
+            lines.append(f"| {_label(arm)} | {edge._cell(d['final'])} | {edge._cell(d['area'])} |")
+    return lines + [""]
 
 
 def plot(summaries: dict[str, dict], path: str) -> None:

@@ -29,6 +29,7 @@ RECIPE = {"critic_pretrain_lr": 1e-3, "critic_pretrain_epochs": 1, "critic_pretr
           "critic_pretrain_lam": 1.0}
 SETTINGS = {
     "recipe": {},
+    "lr 1e-4": {"critic_pretrain_lr": 1e-4},
     "lr 3e-4": {"critic_pretrain_lr": 3e-4},
     "lr 3e-3": {"critic_pretrain_lr": 3e-3},
     "lr 1e-2": {"critic_pretrain_lr": 1e-2},

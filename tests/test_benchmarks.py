@@ -216,6 +216,8 @@ def test_critic_regimes_report_names_missing_runs_and_applies_the_rule(tmp_path)
     assert "| GROUP-PPO (policy loss at endpoints) | " in recipe and "(3 seeds, lose)" in recipe
     assert "| GRPO | 0.490 (3) | n/a | " in recipe and "| GRPO | 0.490 (3) | n/a | " in pretrained  # run once
     assert "| PPO (GAE) | " in pretrained and " | 0.300 | (PPO) | (PPO) |" in pretrained
+    # what pretraining does to each arm (the fake pretrained runs are 0.02 better on every seed)
+    assert "| PPO (GAE) | +0.020 +- 0.000 (3 seeds, win) | +0.010 +- 0.000 (3 seeds, win) |" in pretrained
     empty = tmp_path / "empty"
     assert "Missing runs (37 of 37)" in bench.report(str(empty), str(tmp_path / "none.png"))
     assert not (tmp_path / "none.png").exists()
