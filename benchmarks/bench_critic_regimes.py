@@ -35,7 +35,7 @@ import bench_edge_vs_length as edge  # noqa: E402  (the paired differences and t
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REGIMES = ("recipe", "pretrained")
 #: value pretraining of the ``pretrained`` regime (fixed before the comparison: docs/results.md)
-PRETRAINED: dict[str, Any] = {"critic_pretrain_steps": 200, "critic_pretrain_lr": 1e-3, "critic_pretrain_epochs": 1,
+PRETRAINED: dict[str, Any] = {"critic_pretrain_steps": 400, "critic_pretrain_lr": 3e-4, "critic_pretrain_epochs": 1,
                               "critic_pretrain_clip": 0.5, "critic_pretrain_lam": 1.0}
 #: (arm, seeds) in every regime with a critic; GRPO (no critic) runs once, in the first regime
 CRITIC_ARMS = (("group_ppo", (0, 1, 2, 3)), ("gae", (0, 1, 2, 3)), ("group_ppo_per_token", (0, 1, 2)),
@@ -124,6 +124,7 @@ def run_sweep(out_dir: str, steps: int, log=print) -> int:
     """Every pending run, one after the other, each written when it finishes; returns how many ran."""
     import torch
 
+    import verl_group_ppo.demo.report  # noqa: F401  (loaded now: the report after hours of runs needs no file)
     from verl_group_ppo.demo.cli import DemoOptions, setup_demo
     from verl_group_ppo.demo.rl import RunConfig, run_one
 

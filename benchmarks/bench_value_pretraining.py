@@ -49,6 +49,32 @@ def parse_combination(text: str) -> dict:
     return out
 
 
+def consistency_oracle_ev(held, problems: list, task, tok) -> float:
+    """Explained variance on ``held`` of a value function that knows only whether a response's prefix is still
+    consistent with the problem's clean worked solution: 0 once it is not, else the success rate of the
+    consistent prefixes of that length (a ceiling-like reference for what the critic could learn)."""
+    import random
+
+    import torch
+
+    from verl_group_ppo.core_algos import explained_variance
+
+    mask, success = held.mask, held.rewards.sum(-1)
+    B, T = mask.shape
+    consistent = torch.zeros(B, T, dtype=torch.bool)
+    for b in range(B):
+        clean = task.noisy_solution(problems[b], random.Random(0), 0.0)
+        ids = held.rollout.responses[b, :int(mask[b].sum())].tolist()
+        for t in range(len(ids)):
+            consistent[b, t] = clean.startswith(tok.decode(ids[:t]))
+    values = torch.zeros(B, T)
+    for t in range(T):
+        rows = consistent[:, t] & mask[:, t].bool()
+        if rows.any():
+            values[rows, t] = success[rows].mean()
+    return explained_variance(success[:, None] * mask, values, mask)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--setup-dir", default=os.path.join(REPO, "runs", "critic-regimes", "setup"),
@@ -78,6 +104,9 @@ def main(argv: list[str] | None = None) -> int:
                                                 cfg.prompts_per_step, cfg.n_samples), args.steps))
     held = heldout_batch(policy, setup.task, tok, setup.evals[:cfg.eval_size], cfg.response_len, cfg.eval_samples)
     print(f"[value pretraining] {len(pool)} batches sampled in {time.time() - t0:.0f}s", flush=True)
+    problems = [p for p in setup.evals[:cfg.eval_size] for _ in range(cfg.eval_samples)]
+    print(f"[value pretraining] held-out success rate {float(held.rewards.sum(-1).mean()):.3f}; consistency "
+          f"oracle explained variance {consistency_oracle_ev(held, problems, setup.task, tok):.3f}", flush=True)
     runs = {name: SETTINGS[name] for name in args.settings.split(",") if name}
     runs.update({c: parse_combination(c) for c in args.combine})
     results = {}
