@@ -98,6 +98,11 @@ def test_pretrained_critic_is_cached_and_every_critic_arm_starts_from_it(tiny_se
     assert not info3["cached"]  # another setting, another cache entry
     assert pretrained_critic_state(PretrainConfig(), str(tmp_path), "ws-key", policy, task, tok, train, evals,
                                    cfg) == (None, {})
+    from verl_group_ppo.demo.report import _header_lines
+
+    header = "\n".join(_header_lines({"critic_pretrain": info}))
+    assert "critic trained alone for 2 steps" in header
+    assert "Value pretraining" not in "\n".join(_header_lines({}))
     marked = {k: v + 0.01 for k, v in state.items()}  # (the tiny warm start's rewards may all be 0: no gradient)
     with_critic = {**init, "critic_state_dict": marked}
     for name in ("gae", "group_ppo", "vapo"):
@@ -107,6 +112,10 @@ def test_pretrained_critic_is_cached_and_every_critic_arm_starts_from_it(tiny_se
 
 
 def test_pretraining_flags():
+    from verl_group_ppo.demo.options import flag_of
+
+    flags = {s for a in build_parser()._actions for s in a.option_strings}
+    assert all(flag_of(f) in flags for f in dataclasses.fields(PretrainConfig))
     args = build_parser().parse_args(["--critic-pretrain-steps", "50", "--critic-pretrain-lr", "3e-3",
                                       "--critic-pretrain-lam", "0.95"])
     pc = resolve_pretrain(args)
