@@ -84,15 +84,16 @@ def load_length(out_dir: str) -> dict[str, Any]:
     return {"runs": runs, "mean_response_length": sum(lengths) / len(lengths), "meta": meta}
 
 
-def differences(runs: list[dict]) -> dict[str, dict[str, dict]]:
-    """Paired differences (final accuracy and curve area) of each pair in :data:`PAIRS`, with the rule's verdict."""
+def differences(runs: list[dict], pairs: tuple = PAIRS) -> dict[str, dict[str, dict]]:
+    """Paired differences (final accuracy and curve area) of each ``(arm, baseline)`` pair in ``pairs``
+    (default :data:`PAIRS`), with the rule's verdict, keyed ``"arm-baseline"``."""
     from verl_group_ppo.demo.report import paired_difference, verdict
 
     def per_seed(arm: str, key: str) -> dict[int, float]:
         return {r["seed"]: r[key] for r in runs if r["estimator"] == arm}
 
     out: dict[str, dict[str, dict]] = {}
-    for arm, base in PAIRS:
+    for arm, base in pairs:
         out[f"{arm}-{base}"] = {}
         for metric, key in (("final", "final_eval_accuracy"), ("area", "curve_area")):
             diff = paired_difference(per_seed(arm, key), per_seed(base, key))
@@ -201,6 +202,13 @@ def plot(rows: list, path: str) -> None:
         ax.set_ylabel("final sampled accuracy difference" if metric == "final" else "curve area difference")
         ax.set_title(f"{'final accuracy' if metric == 'final' else 'learning-curve area'} vs PPO (+- 2 SE)")
         ax.legend()
+    save_figure(fig, path)
+
+
+def save_figure(fig, path: str) -> None:
+    """Lay out, write (120 dpi) and close a matplotlib figure."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -24,16 +24,20 @@ V2_KEYS_AT_V1 = {"policy_lam": None, "critic_lam": None, "adaptive_target": "exp
 V2_CHOSEN = {"threshold_lr": 0.1, "policy_lam": 0.95, "adaptive_target": "group_size", "target_group_size": 4.0}
 # version 3 (SAE's per-token estimator as a setting): off by default, so every earlier result stands
 V3_KEYS = {"within_group": "broadcast"}
+# issue 26 (the endpoint-only policy loss, VAPO's length-adaptive lambda): off by default
+POLICY_SIDE_KEYS = {"policy_loss_on": "all_tokens", "length_adaptive_alpha": None}
 
 
 def test_defaults_are_the_version_2_choice_and_every_key_has_help():
-    assert GroupParams().to_dict() == {**SPEC_DEFAULTS, **V2_KEYS_AT_V1, **V2_CHOSEN, **V3_KEYS}
-    assert set(GroupParams.help()) == set(SPEC_DEFAULTS) | set(V2_KEYS_AT_V1) | set(V3_KEYS)
+    assert GroupParams().to_dict() == {**SPEC_DEFAULTS, **V2_KEYS_AT_V1, **V2_CHOSEN, **V3_KEYS, **POLICY_SIDE_KEYS}
+    assert set(GroupParams.help()) == (set(SPEC_DEFAULTS) | set(V2_KEYS_AT_V1) | set(V3_KEYS)
+                                       | set(POLICY_SIDE_KEYS))
     assert all(GroupParams.help().values())
 
 
 def test_v1_values_reproduce_the_version_1_configuration():
-    assert GroupParams(**V1_GROUP_PARAMS).to_dict() == {**SPEC_DEFAULTS, **V2_KEYS_AT_V1, **V3_KEYS}
+    assert GroupParams(**V1_GROUP_PARAMS).to_dict() == {**SPEC_DEFAULTS, **V2_KEYS_AT_V1, **V3_KEYS,
+                                                        **POLICY_SIDE_KEYS}
     overrides = {f"{k}": ("null" if v is None else str(v)) for k, v in V1_GROUP_PARAMS.items()}
     assert GroupParams.from_config(overrides) == GroupParams(**V1_GROUP_PARAMS)  # as command-line strings
 
@@ -61,7 +65,9 @@ def test_values_as_yaml_and_command_lines_give_them():
     ("adaptive_threshold", "maybe"), ("boundary_rule", "entropy"), ("adv_norm", "group"),
     ("critic_loss_on", "everywhere"), ("groupmax_size", 4), ("policy_lam", 1.5), ("critic_lam", -0.1),
     ("critic_lam", "high"), ("adaptive_target", "reward"), ("target_group_size", 0.0), ("within_group", "mean"),
-    ("target_group_size", float("inf")),
+    ("target_group_size", float("inf")), ("policy_loss_on", "groups"), ("length_adaptive_alpha", 0.0),
+    ("length_adaptive_alpha", -0.05), ("length_adaptive_alpha", "inf"), ("length_adaptive_alpha", "some"),
+    ("length_adaptive_alpha", True),
 ])
 def test_bad_value_names_the_key(key, value):
     with pytest.raises(ValueError, match=key):
@@ -161,3 +167,11 @@ def test_documented_defaults_are_group_params_defaults():
     documented = documented_defaults(CONFIGURATION_DOC.read_text())
     assert set(documented) == {f.name for f in dataclasses.fields(GroupParams)}
     assert GroupParams.from_config(documented) == GroupParams()
+
+
+def test_policy_side_keys_accept_their_values_and_reject_the_bad_combination():
+    p = GroupParams.from_config({"policy_loss_on": "endpoints", "length_adaptive_alpha": "0.05"})
+    assert p.policy_loss_on == "endpoints" and p.length_adaptive_alpha == 0.05
+    assert GroupParams.from_config({"length_adaptive_alpha": "null"}).length_adaptive_alpha is None
+    with pytest.raises(ValueError, match=r"algorithm\.group_params\.policy_loss_on.*within_group"):
+        GroupParams.from_config({"policy_loss_on": "endpoints", "within_group": "per_token"})

@@ -45,11 +45,14 @@ def reference_group_ppo(
     index: Optional[Sequence] = None,
     critic_lam: Optional[float] = None,
     within_group: str = "broadcast",
+    policy_lams: Optional[Sequence[float]] = None,
 ) -> ReferenceResult:
     """GROUP-PPO on one batch. ``lam`` is the advantages' lambda; ``critic_lam`` (None = ``lam``) the returns'.
     ``within_group='per_token'``: each valid token t gets A_t = delta_t + gamma * lam_t * A_{t'} (t' the next
-    valid token), lam_t = ``lam`` at its group's last token and 1 inside (the spec's V3.1), not A_k."""
-    critic_lam = lam if critic_lam is None else critic_lam
+    valid token), lam_t = ``lam`` at its group's last token and 1 inside (the spec's V3.1), not A_k.
+    ``policy_lams`` (one per response) replaces ``lam`` for the advantages of each response (the
+    length-adaptive lambda); the returns keep ``critic_lam``."""
+    critic_lam = lam if critic_lam is None and policy_lams is None else critic_lam
     B, T = mask.shape
     m = mask.tolist()
     r = rewards.double().tolist()
@@ -101,10 +104,11 @@ def reference_group_ppo(
     for b in range(B):
         p, d, e = positions[b], deltas[b], ends[b]
         L = len(p)
+        lam_b = lam if policy_lams is None else policy_lams[b]
         X = [0.0] * (L + 1)
         Xc = [0.0] * (L + 1)  # the same recursion with the critic's lambda, for the returns
         for i in range(L - 1, -1, -1):
-            X[i] = d[i] + gamma * (lam if e[i] else 1.0) * X[i + 1]
+            X[i] = d[i] + gamma * (lam_b if e[i] else 1.0) * X[i + 1]
             Xc[i] = d[i] + gamma * (critic_lam if e[i] else 1.0) * Xc[i + 1]
         k, i = 0, 0
         while i < L:
@@ -124,7 +128,7 @@ def reference_group_ppo(
         if within_group == "per_token":  # V3.1, written out from its own recursion
             a_next = 0.0
             for i in range(L - 1, -1, -1):
-                lam_t = lam if e[i] else 1.0
+                lam_t = lam_b if e[i] else 1.0
                 a_next = d[i] + gamma * lam_t * a_next
                 adv[b][p[i]] = a_next
 

@@ -20,6 +20,7 @@ ADV_NORMS = ("batch", "prompt", "none")
 CRITIC_LOSS_ON = ("boundaries", "all_tokens")
 ADAPTIVE_TARGETS = ("explained_variance", "group_size")
 WITHIN_GROUP = ("broadcast", "per_token")
+POLICY_LOSS_ON = ("all_tokens", "endpoints")
 
 GROUP_PARAMS_PATH = "algorithm.group_params"
 """Where the group parameters live in verl's config (error messages name keys by this full path)."""
@@ -68,6 +69,11 @@ class GroupParams:
     within_group: str = _help(
         "Advantages inside a group: 'broadcast' (one per group) or 'per_token' (SAE-style, own baseline).",
         "broadcast")
+    policy_loss_on: str = _help(
+        "Actor loss on 'all_tokens' or 'endpoints' (token-level GAE kept at group endpoints, x N_valid/N_endpoints).",
+        "all_tokens")
+    length_adaptive_alpha: Optional[float] = _help(
+        "VAPO's length-adaptive policy lambda 1 - 1/(alpha * L) per response (L valid tokens); null = off.", None)
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -121,7 +127,8 @@ class AlgorithmSettings:
 
     @property
     def policy_lam(self) -> float:
-        """The lambda the advantages use: ``group_params.policy_lam``, else ``algorithm.lam``."""
+        """The lambda the advantages use: ``group_params.policy_lam``, else ``algorithm.lam`` (with
+        ``group_params.length_adaptive_alpha`` set, each response's own lambda replaces it)."""
         return self.lam if self.group.policy_lam is None else self.group.policy_lam
 
     @property
@@ -201,7 +208,8 @@ def check_critic_loss_agg_mode(loss_agg_mode: Any) -> None:
 _NUMBER_KEYS = ("group_variance_threshold", "group_epsilon", "threshold_lr", "min_threshold", "max_threshold",
                 "low_prob_threshold", "target_explained_variance", "target_group_size")
 _CHOICES = (("boundary_rule", BOUNDARY_RULES), ("adv_norm", ADV_NORMS), ("critic_loss_on", CRITIC_LOSS_ON),
-            ("adaptive_target", ADAPTIVE_TARGETS), ("within_group", WITHIN_GROUP))
+            ("adaptive_target", ADAPTIVE_TARGETS), ("within_group", WITHIN_GROUP),
+            ("policy_loss_on", POLICY_LOSS_ON))
 
 
 def _bad(p: GroupParams, key: str, why: str) -> ValueError:
@@ -235,7 +243,21 @@ def _validate(p: GroupParams) -> None:
     for key, choices in _CHOICES:
         if getattr(p, key) not in choices:
             raise _bad(p, key, f"must be one of {list(choices)}")
+    _validate_policy_loss(p)
     _validate_threshold_range(p)
+
+
+def _validate_policy_loss(p: GroupParams) -> None:
+    """``length_adaptive_alpha``: null or a finite number > 0; ``policy_loss_on: endpoints`` uses token-level
+    advantages, so it does not combine with ``within_group: per_token``."""
+    alpha = p.length_adaptive_alpha
+    if alpha is not None and (isinstance(alpha, bool) or not isinstance(alpha, (int, float))
+                              or not 0 < alpha < math.inf):
+        raise _bad(p, "length_adaptive_alpha", "must be a finite number > 0 (or null for off)")
+    if p.policy_loss_on == "endpoints" and p.within_group != "broadcast":
+        raise ValueError(f"{GROUP_PARAMS_PATH}.policy_loss_on='endpoints' takes token-level GAE advantages and "
+                         f"does not combine with {GROUP_PARAMS_PATH}.within_group={p.within_group!r}; "
+                         "leave within_group at 'broadcast'")
 
 
 def _validate_threshold_range(p: GroupParams) -> None:

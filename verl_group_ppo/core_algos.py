@@ -9,6 +9,9 @@ Where a token's advantage comes from: :func:`compute_group_ppo_outputs` runs ste
 :func:`_segment_gae_` and :func:`_broadcast_from_starts_` (4; ``within_group: per_token`` skips the
 broadcast and keeps each token's own X), :func:`create_critic_endpoint_mask` (5),
 :func:`_normalize_advantages_` (6); :class:`AdaptiveThreshold` then moves tau for the next batch.
+Two policy-side options change only the advantages: ``length_adaptive_alpha`` gives each response its own
+policy lambda (:func:`length_adaptive_lambda`, VAPO's rule), and ``policy_loss_on: endpoints`` replaces the
+group advantages by token-level GAE kept only at group endpoints (:func:`_keep_at_endpoints_`).
 :func:`boundary_loss_weights` gives step 7's critic-loss weights. The ``group/*`` metrics are computed in
 :mod:`verl_group_ppo.metrics`; the settings and their defaults live in :mod:`verl_group_ppo.config`.
 
@@ -47,6 +50,7 @@ __all__ = [
     "endpoints_to_group_ids",
     "explained_variance",
     "find_group_endpoints",
+    "length_adaptive_lambda",
     "update_threshold",
 ]
 
@@ -64,7 +68,8 @@ class GroupPPOOutputs:
 
     Attributes:
         advantages: per-token advantages (group advantage broadcast, or each token's own with
-            ``within_group: per_token``; normalised per ``adv_norm``).
+            ``within_group: per_token``; normalised per ``adv_norm``). With ``policy_loss_on: endpoints``:
+            normalised token-level GAE times ``N_valid / N_endpoints`` at group endpoints, 0 elsewhere.
         returns: segment lambda-returns ``X + V`` with ``critic_lam``: the critic's targets (never normalised).
         group_ids: long, 1-based group index within each response.
         endpoint_mask: bool, True at each group's last valid token.
@@ -154,6 +159,7 @@ def compute_group_ppo_outputs(
     mean_size = batch.n_valid / len(sizes) if len(sizes) else math.nan
     ev = _explained_variance_at(segments.returns, values, first, settings.group.group_epsilon)
     metrics = group_metrics(settings, batch.valid_bt, batch.n_valid, segments.advantages, sizes, tau, ev)
+    metrics["group/policy_lam"] = segments.policy_lam
     if old_log_probs is not None and settings.group.boundary_rule == "low_prob":
         metrics.update(probability_metrics(old_log_probs, batch.valid_bt, endpoint_mask, critic_mask.bool()))
     return GroupPPOOutputs(
@@ -294,6 +300,22 @@ def explained_variance(returns: torch.Tensor, values: torch.Tensor, mask: torch.
     return _explained_variance_at(returns, values, torch.nonzero(mask.reshape(-1)).squeeze(1), eps)
 
 
+def length_adaptive_lambda(response_mask: torch.Tensor, alpha: float) -> torch.Tensor:
+    """VAPO's length-adaptive policy lambda: ``1 - 1 / (alpha * L)`` per response, clipped to [0, 1].
+
+    Args:
+        response_mask: (B, T) 0/1 (holes allowed); L is each row's count of valid tokens.
+        alpha: ``group_params.length_adaptive_alpha`` (> 0).
+
+    Returns:
+        (B,) float64 lambdas; a row with no valid token gets 0 (it has nothing to weight).
+    """
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < math.inf:
+        raise ValueError(f"length_adaptive_alpha must be a finite number > 0, got {alpha!r}")
+    lengths = _check_mask(response_mask, "response_mask").sum(dim=1, dtype=torch.float64)
+    return (1.0 - 1.0 / (float(alpha) * lengths)).clamp_(0.0, 1.0)
+
+
 def update_threshold(threshold: float, *, params: GroupParams, explained_variance: float = math.nan,
                      mean_group_size: float = math.nan) -> float:
     """One adaptive-threshold step (step 6 and its version-2 target), pure; the rule lives here only.
@@ -385,6 +407,7 @@ class _Segments:
     advantages: torch.Tensor  # (B, T)
     returns: torch.Tensor  # (B, T)
     ends_tm: torch.Tensor  # (T, B) bool: group endpoints, and every masked position
+    policy_lam: float  # the advantages' lambda (with length_adaptive_alpha: the mean over non-empty responses)
 
 
 @dataclass
@@ -403,25 +426,62 @@ def _resolve_threshold(threshold: Optional[float], params: GroupParams) -> float
 
 
 def _segment_advantages(batch: _Batch, settings: AlgorithmSettings, tau: float) -> _Segments:
-    """Steps 1, 2, 4 and 6: advantages (with ``policy_lam``) and returns (with ``critic_lam``)."""
+    """Steps 1, 2, 4 and 6: advantages (with the policy lambda) and returns (with ``critic_lam``).
+
+    ``policy_loss_on: endpoints`` runs the advantages' recursion with every valid token as its own step
+    (token-level GAE), normalises them, then keeps them at the group endpoints only (scaled).
+    """
     gamma, params = settings.gamma, settings.group
     x = _td_residuals(batch, gamma)  # step 1, a fresh buffer
     ends = _group_ends(x, batch, params, tau)  # step 2
     starts = _group_starts(ends, batch.valid_tm)  # group starts (= critic slots)
-    x_critic = x if settings.critic_lam == settings.policy_lam else x.clone()
-    _segment_gae_(x, ends, batch.invalid_tm, gamma, settings.policy_lam)  # step 4: x becomes X
+    token_level = params.policy_loss_on == "endpoints"
+    policy_ends, policy_starts = (torch.ones_like(ends), batch.valid_tm) if token_level else (ends, starts)
+    policy_lam = _policy_lambda(batch, settings)
+    shared = not token_level and isinstance(policy_lam, float) and policy_lam == settings.critic_lam
+    x_critic = x if shared else x.clone()
+    _segment_gae_(x, policy_ends, batch.invalid_tm, gamma, policy_lam)  # step 4: x becomes X
     if x_critic is not x:
         _segment_gae_(x_critic, ends, batch.invalid_tm, gamma, settings.critic_lam)
     returns = torch.add(x_critic, batch.values_tm, out=batch.rewards_tm)  # rewards are no longer needed
     returns = _to_batch_major(returns.masked_fill_(batch.invalid_tm, 0.0))
-    groups = _locate_groups(starts, x) if params.adv_norm == "prompt" else None
-    if params.within_group == "broadcast":
+    groups = _locate_groups(policy_starts, x) if params.adv_norm == "prompt" else None
+    if params.within_group == "broadcast" and not token_level:
         _broadcast_from_starts_(x, starts)  # A_k to every token of group k
     # per_token keeps X_i as token i's own advantage: lambda at group ends only (SAE's estimator)
     x.masked_fill_(batch.invalid_tm, 0.0)
     _normalize_advantages_(x, batch.invalid_tm, batch.n_valid, groups, batch.index, params.adv_norm,
                            settings.norm_adv_by_std_in_grpo, params.group_epsilon)  # step 6
-    return _Segments(_to_batch_major(x), returns, ends)
+    if token_level:
+        _keep_at_endpoints_(x, ends & batch.valid_tm, batch.n_valid)
+    return _Segments(_to_batch_major(x), returns, ends, _mean_lambda(policy_lam, batch.valid_bt))
+
+
+def _policy_lambda(batch: _Batch, settings: AlgorithmSettings) -> Union[float, torch.Tensor]:
+    """The advantages' lambda: ``settings.policy_lam``, or with ``length_adaptive_alpha`` a (B,) tensor of
+    per-response lambdas (:func:`length_adaptive_lambda`) in the compute dtype."""
+    alpha = settings.group.length_adaptive_alpha
+    if alpha is None:
+        return float(settings.policy_lam)
+    return length_adaptive_lambda(batch.valid_bt, alpha).to(batch.values_tm.dtype)
+
+
+def _mean_lambda(lam: Union[float, torch.Tensor], valid_bt: torch.Tensor) -> float:
+    """A scalar lambda as it is; per-response lambdas (B,) averaged over the responses with a valid token."""
+    if isinstance(lam, float):
+        return lam
+    rows = valid_bt.any(dim=1)
+    return float(lam[rows].mean()) if bool(rows.any()) else math.nan
+
+
+def _keep_at_endpoints_(x: torch.Tensor, endpoints_tm: torch.Tensor, n_valid: int) -> None:
+    """``policy_loss_on: endpoints``, in place on the (T, B) advantages: 0 off the endpoints (T, B bool), and
+    ``N_valid / N_endpoints`` (both over the whole batch) times the advantage at them, so that verl's
+    token-mean over the valid tokens equals the mean over the endpoints."""
+    n_endpoints = int(torch.count_nonzero(endpoints_tm))
+    x.masked_fill_(~endpoints_tm, 0.0)
+    if n_endpoints:
+        x.mul_(n_valid / n_endpoints)
 
 
 def _prepare(rewards, response_mask, values, index, old_log_probs, params: GroupParams) -> _Batch:
@@ -539,14 +599,16 @@ def _group_starts(ends_tm: torch.Tensor, valid_tm: torch.Tensor) -> torch.Tensor
 
 
 def _segment_gae_(x: torch.Tensor, ends_tm: torch.Tensor, invalid_tm: torch.Tensor, gamma: float,
-                  lam: float) -> None:
+                  lam: Union[float, torch.Tensor]) -> None:
     """Segment GAE (step 4), in place: TD residuals ``x`` (T, B) become ``X``.
 
     ``X_i = delta_i + gamma * (lam if i is an endpoint else 1) * X_{i+1}`` backward over valid positions,
-    X after the last = 0; masked positions pass X through unchanged (their delta is 0, factor 1).
+    X after the last = 0; masked positions pass X through unchanged (their delta is 0, factor 1). ``lam`` is
+    a float or a (B,) tensor of per-response lambdas in ``x``'s dtype.
     """
     T, B = x.shape
-    factor = torch.where(ends_tm, _scalar(gamma * lam, x), _scalar(gamma, x)).masked_fill_(invalid_tm, 1.0)
+    lam_ = _scalar(lam, x) if isinstance(lam, float) else lam
+    factor = torch.where(ends_tm, gamma * lam_, _scalar(gamma, x)).masked_fill_(invalid_tm, 1.0)
     tmp = torch.empty((B,), dtype=x.dtype, device=x.device)
     xp, (x_, f_, tmp_) = _array_backend(x, factor, tmp)
     for t in range(T - 2, -1, -1):

@@ -14,6 +14,14 @@ labelled and coloured in the outputs.
                              (``boundary_rule: low_prob``), each token keeps its own advantage with lambda
                              applied only at group ends (``within_group: per_token``); the critic is trained
                              on every token, as PPO's (docs/faq.md says how this differs from the paper).
+* ``group_ppo_per_token``  - ``group_ppo`` with ``within_group: per_token`` and nothing else changed (the
+                             one-key ablation of SAE's estimator).
+* ``endpoint_loss``        - the "sparse-loss" GROUP-PPO of the original design notes: token-level GAE
+                             advantages with the actor's loss only at group endpoints
+                             (``policy_loss_on: endpoints``); critic at group boundaries, as ``group_ppo``.
+* ``vapo``                 - VAPO's estimator as GROUP-PPO settings: token level (``group_max_size: 1``),
+                             each response's policy lambda 1 - 1/(0.05 L) (``length_adaptive_alpha: 0.05``),
+                             critic targets with ``critic_lam: 1``; critic on every token.
 * ``grpo``                 - verl's ``compute_grpo_outcome_advantage``; no critic.
 """
 
@@ -153,6 +161,12 @@ def _group_ppo(inp: AdvantageInputs) -> Advantages:
 SAE_GROUP_PARAMS: dict[str, Any] = {"within_group": "per_token", "boundary_rule": "low_prob",
                                     "low_prob_threshold": 0.2, "group_max_size": 1_000_000}
 
+#: the ``endpoint_loss`` arm's definition (everything else at the package defaults, as ``group_ppo``)
+ENDPOINT_LOSS_GROUP_PARAMS: dict[str, Any] = {"policy_loss_on": "endpoints"}
+#: the ``vapo`` arm's definition: every token its own group (token-level GAE), VAPO's alpha, Monte Carlo targets
+VAPO_GROUP_PARAMS: dict[str, Any] = {"group_max_size": 1, "adaptive_threshold": False,
+                                     "length_adaptive_alpha": 0.05, "critic_lam": 1.0}
+
 ARMS: dict[str, Arm] = {a.name: a for a in (
     Arm("group_ppo", "GROUP-PPO", "#d62728", BOUNDARIES, _group_ppo, uses_groups=True),
     Arm("group_ppo_all_tokens", "GROUP-PPO (critic on all tokens)", "#ff7f0e", ALL_TOKENS, _group_ppo,
@@ -161,6 +175,12 @@ ARMS: dict[str, Arm] = {a.name: a for a in (
     Arm("gae_decoupled", "PPO (decoupled-lambda GAE)", "#9467bd", ALL_TOKENS, _gae_decoupled),
     Arm("sae", "SAE (per-token, low-prob cuts)", "#8c564b", ALL_TOKENS, _group_ppo, uses_groups=True,
         group_params=SAE_GROUP_PARAMS),
+    Arm("group_ppo_per_token", "GROUP-PPO (per-token within groups)", "#e377c2", BOUNDARIES, _group_ppo,
+        uses_groups=True, group_params={"within_group": "per_token"}),
+    Arm("endpoint_loss", "GROUP-PPO (policy loss at endpoints)", "#bcbd22", BOUNDARIES, _group_ppo,
+        uses_groups=True, group_params=ENDPOINT_LOSS_GROUP_PARAMS),
+    Arm("vapo", "VAPO (length-adaptive lambda)", "#17becf", ALL_TOKENS, _group_ppo, uses_groups=True,
+        group_params=VAPO_GROUP_PARAMS),
     Arm("grpo", "GRPO", "#2ca02c", NO_CRITIC, _grpo),
 )}
 #: the arms a plain ``python -m verl_group_ppo.demo`` compares

@@ -24,6 +24,7 @@ from verl_group_ppo.config import read_algorithm_settings
 
 from .arms import ARMS, DEFAULT_ARMS, get_arm
 from .options import add_arguments, given, option
+from .pretrain import PretrainConfig
 from .rl import RunConfig
 
 
@@ -69,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "with an exact verifier, and compare them. CPU by default, CUDA when present.")
     add_arguments(p, DemoOptions)
     add_arguments(p, RunConfig)
+    add_arguments(p, PretrainConfig)
     p.add_argument("--group-param", action="append", default=[], metavar="KEY=VALUE",
                    help="override an algorithm.group_params key (repeatable), e.g. policy_lam=0.95 "
                         "critic_lam=1.0 (read by group_ppo and gae_decoupled), target_group_size=4")
@@ -112,6 +114,14 @@ def resolve(args: argparse.Namespace) -> tuple[DemoOptions, RunConfig]:
     if opts.output_dir is None:
         opts.output_dir = os.path.join("runs", "demo-quick" if quick else "demo")
     return opts, cfg
+
+
+def resolve_pretrain(args: argparse.Namespace) -> PretrainConfig:
+    """The value-pretraining settings: field defaults, then the flags given."""
+    try:
+        return PretrainConfig(**given(args, PretrainConfig))
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
 
 
 def arm_names(opts: DemoOptions) -> list[str]:
@@ -226,7 +236,8 @@ class DemoSetup:
         task: the task (with ``--terms`` applied); ``terms``: (min, max) or None for the task's own.
         cfg: the RunConfig with its None defaults resolved for ``task``.
         tok: the character tokenizer; ``train``/``evals``: training pool and held-out set (no shared prompt).
-        init_state: ``{"state_dict", "size"}`` of the warm-started policy (what ``run_one`` starts from).
+        init_state: ``{"state_dict", "size"}`` of the warm-started policy (what ``run_one`` starts from), and
+            ``"critic_state_dict"``, the pretrained critic every critic arm starts from, with value pretraining.
         warmstart: the warm start's info (cached or not, seconds, key...); ``warmstart_accuracy`` and
             ``warmstart_greedy_accuracy`` on the periodic-eval prompts.
     """
@@ -241,17 +252,22 @@ class DemoSetup:
     warmstart: dict
     warmstart_accuracy: float
     warmstart_greedy_accuracy: float
+    critic_pretrain: dict = dataclasses.field(default_factory=dict)
 
 
-def setup_demo(opts: DemoOptions, cfg: RunConfig, device: str = "cpu", log=print) -> DemoSetup:
+def setup_demo(opts: DemoOptions, cfg: RunConfig, device: str = "cpu", log=print,
+               pretrain: PretrainConfig = PretrainConfig()) -> DemoSetup:
     """Task, data split, tokenizer (also written to ``opts.output_dir``) and the shared warm start (cached
-    under ``opts.output_dir/cache``), with its eval accuracies. ``opts.output_dir`` must be set."""
+    under ``opts.output_dir/cache``), with its eval accuracies; with ``pretrain`` enabled, the pretrained
+    critic (cached there too, :mod:`.pretrain`). ``opts.output_dir`` must be set."""
     from tqdm.auto import tqdm
 
     from verl_group_ppo.tinytask.evaluation import evaluate
     from verl_group_ppo.tinytask.tasks import make_task, parse_terms, split_problems
     from verl_group_ppo.tinytask.tokenizer import CharTokenizer
     from verl_group_ppo.tinytask.warmstart import load_or_train_warmstart, mean_solution_steps
+
+    from .pretrain import pretrained_critic_state
 
     terms = parse_terms(opts.terms) if opts.terms else None
     task = make_task(opts.task, terms)
@@ -279,7 +295,12 @@ def setup_demo(opts: DemoOptions, cfg: RunConfig, device: str = "cpu", log=print
     log(f"[demo] warm start: eval accuracy {ws_acc:.3f} sampled, {ws_greedy:.3f} greedy")
     init_state = {"state_dict": {k: v.detach().cpu() for k, v in policy.state_dict().items()},
                   "size": opts.model_size}
-    return DemoSetup(task, terms, cfg, tok, train, evals, init_state, ws_info, ws_acc, ws_greedy)
+    critic_state, pretrain_info = pretrained_critic_state(pretrain, os.path.join(opts.output_dir, "cache"),
+                                                          ws_info["key"], policy, task, tok, train, evals, cfg, log)
+    if critic_state is not None:
+        init_state["critic_state_dict"] = critic_state
+        pretrain_info = {"settings": dataclasses.asdict(pretrain), **pretrain_info}
+    return DemoSetup(task, terms, cfg, tok, train, evals, init_state, ws_info, ws_acc, ws_greedy, pretrain_info)
 
 
 def calibrated_warmstart(opts: DemoOptions, steps_per_solution: float, warm_start, log=print, tries: int = 3):
@@ -341,7 +362,9 @@ def _machine(opts: DemoOptions, n_jobs: int) -> tuple[str, int, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    opts, cfg = resolve(build_parser().parse_args(argv))
+    args = build_parser().parse_args(argv)
+    opts, cfg = resolve(args)
+    pretrain = resolve_pretrain(args)
     for key, value in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"), ("TOKENIZERS_PARALLELISM", "false")):
         os.environ.setdefault(key, value)
     import torch
@@ -360,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     log(f"[demo] task={opts.task} terms={opts.terms or 'default'} model={opts.model_size} device={device} "
         f"estimators={arms} seeds={seeds} steps={cfg.steps} workers={workers} threads/run={threads} "
         f"-> {opts.output_dir}")
-    prep = setup_demo(opts, cfg, device, log)
+    prep = setup_demo(opts, cfg, device, log, pretrain)
     cfg = prep.cfg
     meta = _meta(argv, opts, prep, seeds, arms, device, workers, threads)
     sink = StepSink(os.path.join(opts.output_dir, "metrics.jsonl"), jobs, cfg.steps, not opts.no_progress)
@@ -392,5 +415,6 @@ def _meta(argv, opts: DemoOptions, prep: DemoSetup, seeds: list[int], arms: list
         "warmstart": {k: v for k, v in prep.warmstart.items() if k != "path"},
         "warmstart_eval_accuracy": prep.warmstart_accuracy,
         "warmstart_greedy_accuracy": prep.warmstart_greedy_accuracy,
+        "critic_pretrain": prep.critic_pretrain,
         "options": asdict(opts), "run_config": asdict(cfg),
     }

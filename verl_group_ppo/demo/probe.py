@@ -42,7 +42,8 @@ class ProbeOptions:
     task: str = option("chain_sum", "chain_sum (reasoning-gym) or mod_chain (ours)")
     terms: Optional[str] = option(None, "terms per chain MIN-MAX (None: the task's own)", type=str)
     arm: str = option("gae", "the arm whose RL steps make the second checkpoint (its critic is the 'trained' one)")
-    critic_steps: int = option(30, "critic-only steps on the warm-start policy before the first checkpoint")
+    critic_steps: int = option(30, "critic-only steps on the warm-start policy before the first checkpoint "
+                                           "(after value pretraining when --critic-pretrain-steps is given)")
     rl_steps: int = option(100, "RL steps between the two checkpoints")
     prompts: int = option(32, "held-out prompts sampled at each checkpoint")
     samples: int = option(4, "responses per prompt")
@@ -215,12 +216,16 @@ def _plot(out_dir: str, result: dict[str, Any]) -> None:
 def main(argv: Optional[list[str]] = None) -> int:
     """Parse the flags, prepare the demo's task and warm start (cached in the output dir), probe, report."""
     from .cli import DemoOptions, setup_demo
+    from .pretrain import PretrainConfig
     from .rl import RunConfig
 
     parser = argparse.ArgumentParser(prog="python -m verl_group_ppo.demo.probe", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser, ProbeOptions)
-    opts = ProbeOptions(**given(parser.parse_args(argv), ProbeOptions))
+    add_arguments(parser, PretrainConfig)
+    args = parser.parse_args(argv)
+    opts = ProbeOptions(**given(args, ProbeOptions))
+    pretrain = PretrainConfig(**given(args, PretrainConfig))
     if opts.threads:
         torch.set_num_threads(opts.threads)
     os.makedirs(opts.output_dir, exist_ok=True)
@@ -228,8 +233,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     given_steps = {} if opts.warmstart_steps is None else {"warmstart_steps": opts.warmstart_steps}
     demo = DemoOptions(output_dir=opts.demo_dir, task=opts.task, terms=opts.terms, no_progress=True, **given_steps)
     t0 = time.time()
-    setup = setup_demo(demo, RunConfig(steps=opts.critic_steps + opts.rl_steps), "cpu", log=print)
+    setup = setup_demo(demo, RunConfig(steps=opts.critic_steps + opts.rl_steps), "cpu", log=print, pretrain=pretrain)
     result = run_checkpoints(setup, opts, log=print)
+    result["critic_pretrain"] = setup.critic_pretrain
     result["wall_time_s"] = time.time() - t0
     print(write_report(opts.output_dir, result))
     print(f"[probe] wrote {opts.output_dir}/probe.md, probe.json, probe.png in {result['wall_time_s']:.0f}s")

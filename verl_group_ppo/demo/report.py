@@ -157,8 +157,18 @@ def _header_lines(meta: dict) -> list[str]:
         "Curve area = mean accuracy over the periodic eval points (step 0 and the last step included).",
         f"Warm-start accuracy (sampled / greedy): {_fmt(meta.get('warmstart_eval_accuracy'))} / "
         f"{_fmt(meta.get('warmstart_greedy_accuracy'))}.",
+        *_pretrain_line(meta.get("critic_pretrain") or {}),
         "",
     ]
+
+
+def _pretrain_line(info: dict) -> list[str]:
+    """One line on value pretraining (``meta.critic_pretrain``), or none without it."""
+    if not info.get("history"):
+        return []
+    steps = info["history"][-1]["step"]
+    return [f"Value pretraining: every critic arm starts from a critic trained alone for {steps} steps on the warm "
+            f"start's samples; held-out explained variance {_fmt(info['heldout_explained_variance'])} before RL."]
 
 
 def _arm_table(s: dict) -> list[str]:

@@ -143,7 +143,8 @@ class StepBatch:
 
 
 def build_learner(arm: Arm, seed: int, cfg: RunConfig, tok: CharTokenizer, init_state: dict, device) -> Learner:
-    """Policy from the warm start, a critic initialised from it (critic arms), optimisers, generators."""
+    """Policy from the warm start, a critic initialised from it or from the pretrained critic in ``init_state``
+    (critic arms), optimisers, generators."""
     from verl_group_ppo.config import read_algorithm_settings
     from verl_group_ppo.core_algos import AdaptiveThreshold
 
@@ -155,6 +156,8 @@ def build_learner(arm: Arm, seed: int, cfg: RunConfig, tok: CharTokenizer, init_
     policy.load_state_dict(init_state["state_dict"])
     policy.train()
     critic = build_critic(policy, seed).train() if arm.needs_critic else None
+    if critic is not None and "critic_state_dict" in init_state:  # value pretraining (.pretrain)
+        critic.load_state_dict(init_state["critic_state_dict"])
     return Learner(
         arm=arm, seed=seed, settings=settings, policy=policy, critic=critic,
         actor_opt=torch.optim.Adam(policy.parameters(), lr=cfg.actor_lr),

@@ -1,0 +1,220 @@
+"""Value pretraining: the critic trained alone on the warm-start policy's samples before RL starts.
+
+verl's ``trainer.critic_warmup`` is critic-only steps on the *current* policy's samples inside RL; this is the
+same idea done once, up front, with its own settings (:class:`PretrainConfig`), cached beside the warm start
+and shared by every critic arm and seed (the critic's initial weights do not depend on the seed: its backbone
+is the warm start's and its value head starts at zero). Each pretraining step samples
+``prompts_per_step x n_samples`` responses from the frozen warm-start policy, computes their targets (lambda
+returns with ``lam``; 1 = Monte Carlo returns) and takes ``epochs`` passes of verl's clipped value loss over
+them. Progress is the critic's explained variance on a fixed held-out set: responses of the same policy to
+held-out prompts, against their Monte Carlo returns, over every response token (verl's ``vf_explained_var``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable, Iterator, Optional
+
+import numpy as np
+import torch
+
+from verl_group_ppo.tinytask.evaluation import rewards_for
+from verl_group_ppo.tinytask.model import Rollout, build_critic, critic_values, sample
+from verl_group_ppo.tinytask.tasks import Problem, Task
+from verl_group_ppo.tinytask.tokenizer import CharTokenizer
+
+from .options import option
+
+#: critic loss settings that mean "no value clipping"
+NO_CLIP = 1e9
+
+
+@dataclass(frozen=True)
+class PretrainConfig:
+    """Value pretraining: critic-only steps on the warm-start policy's samples, before RL."""
+
+    critic_pretrain_steps: int = option(0, "critic-only steps on the warm-start policy's samples before RL, "
+                                           "shared by every critic arm and cached (0: off)")
+    critic_pretrain_lr: float = option(1e-3, "critic learning rate (Adam) during value pretraining")
+    critic_pretrain_epochs: int = option(1, "passes over each pretraining batch")
+    critic_pretrain_clip: float = option(NO_CLIP, "value clip range during pretraining (1e9: no clipping)")
+    critic_pretrain_lam: float = option(1.0, "lambda of the pretraining targets (1.0: Monte Carlo returns)")
+    critic_pretrain_eval_every: int = option(25, "steps between held-out explained-variance measurements")
+
+    def __post_init__(self) -> None:
+        for name in ("critic_pretrain_steps", "critic_pretrain_epochs", "critic_pretrain_eval_every"):
+            if getattr(self, name) < (0 if name == "critic_pretrain_steps" else 1):
+                raise ValueError(f"{name} must be >= {0 if name == 'critic_pretrain_steps' else 1}, "
+                                 f"got {getattr(self, name)}")
+        if not 0.0 <= self.critic_pretrain_lam <= 1.0:
+            raise ValueError(f"critic_pretrain_lam must be in [0, 1], got {self.critic_pretrain_lam}")
+        if not self.critic_pretrain_lr > 0 or not self.critic_pretrain_clip > 0:
+            raise ValueError("critic_pretrain_lr and critic_pretrain_clip must be > 0")
+
+    @property
+    def enabled(self) -> bool:
+        return self.critic_pretrain_steps > 0
+
+
+@dataclass
+class ScoredBatch:
+    """Sampled responses with their rewards; tensors (B, T)."""
+
+    rollout: Rollout
+    rewards: torch.Tensor
+
+    @property
+    def mask(self) -> torch.Tensor:
+        return self.rollout.response_mask
+
+
+def sample_scored(policy, task: Task, tok: CharTokenizer, problems: list[Problem], response_len: int,
+                  generator: torch.Generator, temperature: float = 1.0) -> ScoredBatch:
+    """One response per entry of ``problems`` from ``policy`` (no gradient), scored by the verifier."""
+    from verl_group_ppo.tinytask.warmstart import encode_prompt
+
+    with torch.no_grad():
+        rollout = sample(policy, [encode_prompt(tok, p) for p in problems], response_len, tok.pad_id, tok.eos_id,
+                         generator=generator, temperature=temperature)
+    rewards, _, _ = rewards_for(task, tok, rollout, problems)
+    return ScoredBatch(rollout, rewards)
+
+
+def lambda_returns(batch: ScoredBatch, values: torch.Tensor, gamma: float, lam: float) -> torch.Tensor:
+    """(B, T) critic targets: verl's GAE returns with ``lam`` (``lam`` = 1: Monte Carlo returns-to-go)."""
+    from verl.trainer.ppo.core_algos import compute_gae_advantage_return
+
+    _, returns = compute_gae_advantage_return(batch.rewards, values, batch.mask, gamma=gamma, lam=lam)
+    return returns
+
+
+def heldout_explained_variance(critic, held: ScoredBatch, gamma: float) -> float:
+    """The critic's explained variance on ``held`` against Monte Carlo returns, over every response token."""
+    from verl_group_ppo.core_algos import explained_variance
+
+    with torch.no_grad():
+        values = critic_values(critic, held.rollout)
+    returns = lambda_returns(held, torch.zeros_like(values), gamma, 1.0)
+    return explained_variance(returns, values, held.mask)
+
+
+def pretrain_step(critic, opt: torch.optim.Optimizer, batch: ScoredBatch, pc: PretrainConfig, gamma: float,
+                  mini_batch_size: int, shuffle: torch.Generator, grad_clip: float) -> float:
+    """``pc.critic_pretrain_epochs`` passes of verl's clipped value loss (token-mean) over ``batch``; mean loss."""
+    from verl.trainer.ppo.core_algos import compute_value_loss
+
+    from .rl import _minibatches
+
+    mask = batch.mask
+    with torch.no_grad():
+        old_values = critic_values(critic, batch.rollout)
+    returns = lambda_returns(batch, old_values, gamma, pc.critic_pretrain_lam)
+    losses = []
+    for idx in _minibatches(mask.shape[0], mini_batch_size, pc.critic_pretrain_epochs, shuffle, mask.device):
+        vpreds = critic_values(critic, batch.rollout.select(idx))
+        loss, _ = compute_value_loss(vpreds, returns[idx], old_values[idx], mask[idx],
+                                     cliprange_value=pc.critic_pretrain_clip, loss_agg_mode="token-mean")
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(critic.parameters(), grad_clip)
+        opt.step()
+        losses.append(float(loss.detach()))
+    return float(np.mean(losses))
+
+
+def pretrain_critic(critic, batches: Iterator[ScoredBatch], held: ScoredBatch, pc: PretrainConfig, *,
+                    gamma: float = 1.0, mini_batch_size: int = 64, grad_clip: float = 1.0, lr_warmup_steps: int = 10,
+                    seed: int = 0, log: Callable[[str], None] = print) -> list[dict]:
+    """Train ``critic`` in place for ``pc.critic_pretrain_steps`` batches from ``batches``; returns the log:
+    ``{"step", "heldout_explained_variance", "vf_loss"}`` at step 0, every ``critic_pretrain_eval_every`` steps
+    and at the last step."""
+    from .rl import _set_lr
+
+    opt = torch.optim.Adam(critic.parameters(), lr=pc.critic_pretrain_lr)
+    shuffle = torch.Generator().manual_seed(60_000 + seed)
+    history = [{"step": 0, "heldout_explained_variance": heldout_explained_variance(critic, held, gamma)}]
+    log(f"[critic pretrain] step 0: held-out explained variance {history[0]['heldout_explained_variance']:.3f}")
+    losses: list[float] = []
+    for step in range(1, pc.critic_pretrain_steps + 1):
+        _set_lr(opt, pc.critic_pretrain_lr, step - 1, lr_warmup_steps)
+        losses.append(pretrain_step(critic, opt, next(batches), pc, gamma, mini_batch_size, shuffle, grad_clip))
+        if step % pc.critic_pretrain_eval_every == 0 or step == pc.critic_pretrain_steps:
+            ev = heldout_explained_variance(critic, held, gamma)
+            history.append({"step": step, "heldout_explained_variance": ev, "vf_loss": float(np.mean(losses))})
+            losses = []
+            log(f"[critic pretrain] step {step}: held-out explained variance {ev:.3f}")
+    return history
+
+
+def policy_batches(policy, task: Task, tok: CharTokenizer, train: list[Problem], response_len: int,
+                   prompts_per_step: int, n_samples: int, seed: int = 0,
+                   temperature: float = 1.0) -> Iterator[ScoredBatch]:
+    """Endless batches of ``prompts_per_step`` training prompts x ``n_samples`` responses of ``policy``."""
+    rng = np.random.default_rng(70_000 + seed)
+    gen = torch.Generator(device=next(policy.parameters()).device).manual_seed(80_000 + seed)
+    while True:
+        pidx = rng.choice(len(train), size=prompts_per_step, replace=False)
+        yield sample_scored(policy, task, tok, [train[i] for i in pidx for _ in range(n_samples)], response_len,
+                            gen, temperature)
+
+
+def heldout_batch(policy, task: Task, tok: CharTokenizer, evals: list[Problem], response_len: int,
+                  samples: int, temperature: float = 1.0) -> ScoredBatch:
+    """The fixed held-out responses the explained variance is measured on (a fixed generator)."""
+    gen = torch.Generator(device=next(policy.parameters()).device).manual_seed(90_000)
+    return sample_scored(policy, task, tok, [p for p in evals for _ in range(samples)], response_len, gen,
+                         temperature)
+
+
+def pretrain_key(pc: PretrainConfig, warmstart_key: str, extra: dict) -> str:
+    """Cache key of a pretrained critic: its settings, the warm start's key and the sampling settings."""
+    blob = json.dumps([asdict(pc), warmstart_key, extra, 1], sort_keys=True, default=str)
+    return hashlib.sha1(blob.encode()).hexdigest()[:12]
+
+
+def load_or_pretrain_critic(cache_dir: str, key: str, policy, train_fn: Callable[[torch.nn.Module], list[dict]],
+                            log: Callable[[str], None] = print) -> tuple[dict, dict]:
+    """(critic state_dict, info) from ``cache_dir`` when cached under ``key``, else ``train_fn(critic)`` on a
+    fresh critic built from ``policy``, then cached. ``info`` holds the explained-variance ``history``."""
+    path = os.path.join(cache_dir, f"critic-pretrain-{key}.pt")
+    if os.path.exists(path):
+        blob = torch.load(path, map_location="cpu", weights_only=False)
+        log(f"[critic pretrain] loaded cached critic from {path}")
+        return blob["state_dict"], {**blob["info"], "cached": True}
+    critic = build_critic(policy, 0).train()
+    t0 = time.time()
+    history = train_fn(critic)
+    info = {"key": key, "history": history, "seconds": time.time() - t0,
+            "heldout_explained_variance": history[-1]["heldout_explained_variance"]}
+    state = {k: v.detach().cpu() for k, v in critic.state_dict().items()}
+    os.makedirs(cache_dir, exist_ok=True)
+    tmp = path + ".tmp"
+    torch.save({"state_dict": state, "info": info}, tmp)
+    os.replace(tmp, path)
+    return state, {**info, "cached": False}
+
+
+def pretrained_critic_state(pc: PretrainConfig, cache_dir: str, warmstart_key: str, policy, task: Task,
+                            tok: CharTokenizer, train: list[Problem], evals: list[Problem], cfg,
+                            log: Callable[[str], None] = print) -> tuple[Optional[dict], dict]:
+    """The demo's entry: (state_dict, info) of the pretrained critic for the run config ``cfg`` (a resolved
+    :class:`~verl_group_ppo.demo.rl.RunConfig`), or (None, {}) when pretraining is off."""
+    if not pc.enabled:
+        return None, {}
+    extra = {"response_len": cfg.response_len, "prompts_per_step": cfg.prompts_per_step, "n_samples": cfg.n_samples,
+             "gamma": cfg.gamma, "mini_batch": cfg.critic_mini_batch_size, "temperature": cfg.temperature,
+             "grad_clip": cfg.grad_clip, "eval_size": cfg.eval_size, "eval_samples": cfg.eval_samples}
+    held = heldout_batch(policy, task, tok, evals[:cfg.eval_size], cfg.response_len, cfg.eval_samples,
+                         cfg.temperature)
+    batches = policy_batches(policy, task, tok, train, cfg.response_len, cfg.prompts_per_step, cfg.n_samples,
+                             temperature=cfg.temperature)
+
+    def train_fn(critic):
+        return pretrain_critic(critic, batches, held, pc, gamma=cfg.gamma, mini_batch_size=cfg.critic_mini_batch_size,
+                               grad_clip=cfg.grad_clip, lr_warmup_steps=cfg.lr_warmup_steps, log=log)
+
+    return load_or_pretrain_critic(cache_dir, pretrain_key(pc, warmstart_key, extra), policy, train_fn, log)
