@@ -424,6 +424,8 @@ def test_group_ppo_trains_on_two_ranks_with_dynamic_batches_and_remove_padding(t
 
 @pytest.mark.slow
 @pytest.mark.skipif(not vllm_installed(), reason=VLLM_SKIP_REASON)
+@pytest.mark.xfail(reason="known failure: with two vLLM replicas verl's sync replay buffer stops with 'terminal "
+                          "groups with no materializable trajectories' (open: docs/cpu.md)", strict=False)
 def test_group_ppo_trains_two_steps_on_two_ranks_with_verls_vllm_rollout(tiny_task, tmp_path, monkeypatch):
     # rollout.name=vllm: the backend sets the CPU settings (its start-up line says which) and verl's vLLM server
     # samples, one replica per rank (two vLLM engines). vLLM in fp32 (verl's default rollout.dtype is bf16) so that

@@ -253,7 +253,15 @@ def test_rollout_dump_writes_the_groups_beside_verls(ray_tq, tmp_path):
     assert len(records) == len(samples)
     for i, record in enumerate(records):
         valid = stored["response_mask"][i].bool()
-        assert set(record) == {"step", "uid", "score", "tokens", "group_ids", "advantages", "endpoints"}
+        assert set(record) == {"step", "uid", "score", "tokens", "group_ids", "advantages", "endpoints", "row"}
+        span = int(valid.nonzero().max()) + 1 if valid.any() else 0  # every position up to the last valid one
+        row = record["row"]
+        assert row["threshold"] == threshold_used
+        assert row["response_mask"] == stored["response_mask"][i, :span].int().tolist()
+        assert row["response_ids"] == stored["responses"][i, :span].tolist()
+        assert row["advantages"] == pytest.approx(expected.advantages[i, :span].tolist())
+        assert row["returns"] == pytest.approx(expected.returns[i, :span].tolist())
+        assert row["critic_mask"] == expected.critic_mask[i, :span].tolist()
         assert (record["step"], record["uid"]) == (5, samples[i]["uid"])
         assert record["score"] == pytest.approx(float(stored["rm_scores"][i].sum()))
         assert record["tokens"] == [f"t{t}" for t in stored["responses"][i][valid].tolist()]
