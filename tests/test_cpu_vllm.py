@@ -128,6 +128,8 @@ def test_vllm_server_hook_check_fails_loudly_on_a_changed_verl():
     class Server:
         def _init_config(self, config): return config
 
+        def _validate_configs(self): ...
+
     class Replica:
         def __init__(self): self.server_class = Server
 
@@ -151,6 +153,18 @@ def test_vllm_server_hook_check_fails_loudly_on_a_changed_verl():
     del Module.vLLMReplica
     with pytest.raises(RuntimeError, match="no longer defines"):
         vr.check_server_hooks(Module)
+
+
+def test_vllm_head_size_check_names_the_rollout_key_and_the_head_size():
+    from types import SimpleNamespace
+
+    assert vr.attention_head_size(SimpleNamespace(hidden_size=64, num_attention_heads=4)) == 16
+    assert vr.attention_head_size(SimpleNamespace(hidden_size=64, num_attention_heads=4, head_dim=None)) == 16
+    assert vr.attention_head_size(SimpleNamespace(hidden_size=64, num_attention_heads=4, head_dim=128)) == 128
+    vr.check_cpu_attention_head_size(32, [32, 64])  # served: no error
+    with pytest.raises(ValueError, match=r"actor_rollout_ref.rollout.name=vllm: the model /m has attention heads of "
+                                         r"16 dimensions.*\[32, 64\].*rollout.name=hf"):
+        vr.check_cpu_attention_head_size(16, [64, 32], "/m")
 
 
 def test_vllm_worker_extension_check_fails_loudly_on_a_changed_verl():
@@ -189,6 +203,7 @@ from verl_group_ppo.cpu import vllm_rollout, vllm_server, vllm_worker
 from verl_group_ppo.cpu.patching import PATCH_MARK
 from vllm.model_executor.layers import utils as layer_utils
 from vllm.model_executor.model_loader import reload
+from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
 gemm = inspect.getsource(layer_utils.dispatch_cpu_unquantized_gemm)
 print(json.dumps({
@@ -201,6 +216,7 @@ print(json.dumps({
                                                                   "finalize_layerwise_reload")),
     "cpu_gemm_drops_weight": "remove_weight" in gemm and "layer.weight = torch.nn.Parameter" in gemm,
     "verl_reads_version_vllm": "version(pkg)" in inspect.getsource(third_party.get_version),
+    "cpu_attention_head_sizes": CPUAttentionBackend.get_supported_head_sizes(),
 }))
 '''
 
@@ -219,6 +235,8 @@ def test_vllm_contract_with_the_installed_verl_and_vllm():
     # why the weight sync needs layerwise reload at all: vLLM's CPU GEMM drops the loadable weight
     assert facts["cpu_gemm_drops_weight"], ("vLLM's dispatch_cpu_unquantized_gemm no longer drops the weight "
                                             "parameter: re-check whether cpu/vllm_worker.py is still needed")
+    # the head sizes the server's start-up check takes from vLLM: the tiny task's 32 served, the old stand-in's 16 not
+    assert 32 in facts["cpu_attention_head_sizes"] and 16 not in facts["cpu_attention_head_sizes"], facts
 
 
 @pytest.mark.slow

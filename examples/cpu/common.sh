@@ -20,7 +20,10 @@
 #   WORK_DIR  the tiny task's directory (default runs/cpu-tiny, with MULTI_TURN=1 runs/cpu-tiny-tools, under
 #             the repository root); when WORK_DIR/model/prepare.json is missing,
 #             `python -m verl_group_ppo.tinytask.prepare [--tools]` builds WORK_DIR/model and
-#             WORK_DIR/data/{train,test}.parquet there first (about 3-4 min)
+#             WORK_DIR/data/{train,test}.parquet there first (about 3-10 min). With MULTI_TURN=1 and
+#             actor_rollout_ref.rollout.name=vllm the default is runs/cpu-tiny-tools-small, the tool task on the
+#             `small` model (`prepare --tools --model-size small`): the tool task's `tiny` model has attention
+#             heads of 16 dimensions, which vLLM's CPU attention does not serve
 #   PYTHON    interpreter with verl and verl-group-ppo (default: the repository's .venv/bin/python
 #             when present, else python3)
 #   NICE      nice level of the run (default 5: the run yields to interactive work)
@@ -76,6 +79,16 @@ has_key_prefix() {
   done
   return 1
 }
+# override_value KEY: the value the last extra override gives KEY (empty when none sets it).
+override_value() {
+  local arg key value=""
+  for arg in ${extra_args[@]+"${extra_args[@]}"}; do
+    key=${arg#\~}; key=${key#++}; key=${key#+}
+    [ "${key%%=*}" = "$1" ] && value=${key#*=}
+  done
+  printf '%s' "$value"
+}
+extra_args=("$@")
 case "$estimator" in
   group_ppo) specific=(algorithm.adv_estimator=group_ppo critic.enable=True) ;;
   gae)       specific=(algorithm.adv_estimator=gae critic.enable=True) ;;
@@ -87,7 +100,14 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 MULTI_TURN=${MULTI_TURN:-0}
 case "$MULTI_TURN" in
   0) WORK_DIR=${WORK_DIR:-$repo/runs/cpu-tiny}; response_length=24; prepare_args=() ;;
-  1) WORK_DIR=${WORK_DIR:-$repo/runs/cpu-tiny-tools}; response_length=96; prepare_args=(--tools) ;;
+  1) if [ "$(override_value actor_rollout_ref.rollout.name)" = vllm ]; then
+       # vLLM's CPU attention serves heads of 32 dimensions and up; the tool task's tiny model has 16
+       WORK_DIR=${WORK_DIR:-$repo/runs/cpu-tiny-tools-small}; prepare_args=(--tools --model-size small)
+       echo "[launcher] rollout.name=vllm with MULTI_TURN=1: the tool task on the small model (WORK_DIR=$WORK_DIR)"
+     else
+       WORK_DIR=${WORK_DIR:-$repo/runs/cpu-tiny-tools}; prepare_args=(--tools)
+     fi
+     response_length=96 ;;
   *) echo "common.sh: MULTI_TURN='$MULTI_TURN' must be 0 or 1" >&2; exit 2 ;;
 esac
 mkdir -p "$WORK_DIR"

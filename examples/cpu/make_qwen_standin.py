@@ -10,7 +10,10 @@ same ``<|im_start|>user ... <|im_end|>`` turns as Qwen2.5, without Qwen2.5's def
 
 The model is Qwen2.5-0.5B's architecture scaled down: the real vocabulary size (151936), special token ids,
 tied input/output embeddings, RoPE base and window, RMSNorm epsilon, and grouped-query attention (2 key/value
-heads), with few layers and a small hidden size. Weights are random: the model checks plumbing, not learning.
+heads), with few layers and a small hidden size. Two attention heads, so that a head has 32 dimensions at the
+default hidden size (Qwen2.5-0.5B's have 64): vLLM's CPU attention kernels take head sizes of 32 and up, and refuse
+16 ("Unsupported CPU attention configuration: head_dim=16"). Weights are random: the model checks plumbing, not
+learning.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ def tokenizer_dir() -> Path:
     return Path(spec.origin).parent / "tokenizer_files"
 
 
-def standin_config(layers: int = 2, hidden_size: int = 64, heads: int = 4):
+def standin_config(layers: int = 2, hidden_size: int = 64, heads: int = 2):
     """A ``Qwen2Config`` with Qwen2.5-0.5B's vocabulary, tokens, tying and RoPE, and the given small sizes."""
     from transformers import Qwen2Config
 

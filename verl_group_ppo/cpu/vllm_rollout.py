@@ -37,7 +37,7 @@ import inspect
 import os
 import re
 import sys
-from typing import Any, Callable, Iterator, Mapping, Optional
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 from .patching import replace_once
 
@@ -222,10 +222,35 @@ def load_replica() -> type:
 
 
 # ==================================================================================================
+# the model: what vLLM's CPU attention can serve
+
+
+def attention_head_size(hf_config: Any) -> int:
+    """The attention head size of a Hugging Face model config: ``head_dim`` when set, else hidden / heads."""
+    head_dim = getattr(hf_config, "head_dim", None)
+    if head_dim:
+        return int(head_dim)
+    return int(hf_config.hidden_size) // int(hf_config.num_attention_heads)
+
+
+def check_cpu_attention_head_size(head_size: int, supported: Sequence[int], model_path: str = "") -> None:
+    """Raise ValueError, naming the rollout key and the head size, when vLLM's CPU attention (whose head sizes
+    are ``supported``) cannot serve the model. vLLM itself accepts such a model at start-up and fails on its
+    first generation, inside its engine process; verl then stops later with a replay-buffer error that names
+    neither vLLM nor the model."""
+    if head_size not in supported:
+        raise ValueError(
+            f"actor_rollout_ref.rollout.name={ROLLOUT_NAME}: the model {model_path or ''} has attention heads of "
+            f"{head_size} dimensions, and vLLM's CPU attention serves only {sorted(supported)}; use "
+            "actor_rollout_ref.rollout.name=hf for this model, or a model whose hidden size / attention heads is one "
+            "of those")
+
+
+# ==================================================================================================
 # fail loudly: the verl methods the server and the worker extension build on
 
 
-SERVER_HOOKS = ("_init_config", "_get_worker_extension_cls")
+SERVER_HOOKS = ("_init_config", "_validate_configs", "_get_worker_extension_cls")
 """The ``vLLMHttpServer`` methods ``vllm_server.CPUvLLMHttpServer`` overrides (verl's subclass hooks)."""
 
 

@@ -1,9 +1,11 @@
 """verl's vLLM replica and server for the CPU backend (``rollout.name=vllm``; :mod:`.vllm_rollout` says why).
 
-:class:`CPUvLLMHttpServer` is verl's ``vLLMHttpServer`` with two of its subclass hooks overridden:
+:class:`CPUvLLMHttpServer` is verl's ``vLLMHttpServer`` with three of its subclass hooks overridden:
 ``_init_config`` refuses a config without :data:`~verl_group_ppo.cpu.vllm_rollout.ROLLOUT_SETTINGS` (no
-sleep mode, no freed cache, eager; set in the driver, the server's config is frozen), and ``_get_worker_extension_cls`` names :data:`WORKER_EXTENSION` (the weight sync through
-vLLM's layerwise reload). :class:`CPUvLLMReplica` is verl's ``vLLMReplica`` starting that server.
+sleep mode, no freed cache, eager; set in the driver, the server's config is frozen), ``_validate_configs``
+refuses a model whose attention head size vLLM's CPU attention does not serve (before the engine starts), and
+``_get_worker_extension_cls`` names :data:`WORKER_EXTENSION` (the weight sync through vLLM's layerwise reload).
+:class:`CPUvLLMReplica` is verl's ``vLLMReplica`` starting that server.
 """
 
 from __future__ import annotations
@@ -13,7 +15,10 @@ from typing import Any
 import ray
 
 from verl.workers.rollout.vllm_rollout import vllm_async_server as server_module
-from verl_group_ppo.cpu.vllm_rollout import ROLLOUT_SETTINGS, check_server_hooks
+from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+from verl_group_ppo.cpu.vllm_rollout import (ROLLOUT_SETTINGS, attention_head_size, check_cpu_attention_head_size,
+                                             check_server_hooks)
 
 WORKER_EXTENSION = "verl_group_ppo.cpu.vllm_worker.CPUvLLMWorkerExtension"
 """vLLM's ``worker_extension_cls`` on the CPU backend (:mod:`verl_group_ppo.cpu.vllm_worker`)."""
@@ -34,6 +39,11 @@ class CPUvLLMHttpServer(server_module.vLLMHttpServer):
                 f"got {wrong}: the backend sets them in verl.utils.device.auto_set_device, which main_ppo calls; "
                 "an entry point that skips it must set them itself")
         return config
+
+    def _validate_configs(self) -> None:
+        super()._validate_configs()
+        check_cpu_attention_head_size(attention_head_size(self.model_config.hf_config),
+                                      CPUAttentionBackend.get_supported_head_sizes(), self.model_config.local_path)
 
     def _get_worker_extension_cls(self) -> str:
         return WORKER_EXTENSION
