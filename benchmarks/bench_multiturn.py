@@ -89,6 +89,7 @@ def run_one(out_dir: str, results_dir: str, arm: str, seed: int, steps: int, pyt
     steps_logged = _summarize_log().parse_step_metrics(output)
     command = " ".join(cmd).replace(REPO + os.sep, "")
     record = {"arm": arm, "seed": seed, "command": f"MULTI_TURN=1 {command}", "seconds": round(time.time() - t0, 1),
+              "warm_start": warm_start(os.path.join(out_dir, "task")),
               "steps": {str(k): {m: v[m] for m in KEPT if m in v} for k, v in sorted(steps_logged.items())}}
     if len(steps_logged) != steps:
         raise RuntimeError(f"{arm} seed {seed} logged {len(steps_logged)} of {steps} steps; see {log_path}")
@@ -98,6 +99,20 @@ def run_one(out_dir: str, results_dir: str, arm: str, seed: int, steps: int, pyt
         json.dump(record, f, indent=1)
     os.replace(path + ".tmp", path)
     return record
+
+
+def warm_start(task_dir: str) -> dict[str, float]:
+    """What ``prepare`` measured of the shared warm start (``model/prepare.json``): it tells the runs of one warm
+    start from another's (``prepare`` is deterministic on one machine, not across CPUs)."""
+    with open(os.path.join(task_dir, "model", "prepare.json")) as f:
+        return json.load(f)["test_accuracy"]
+
+
+def warm_start_label(record: dict) -> str:
+    ws = record.get("warm_start")
+    if not ws:
+        return "not recorded"
+    return f"sampled {ws['sampled']:.3f}, greedy {ws['greedy']:.3f}, calls/response {ws['calls_per_response']:.2f}"
 
 
 def run_metrics(record: dict) -> dict[str, float]:
@@ -151,6 +166,12 @@ def report(runs: list[dict], arms: dict = ARMS) -> str:
             se = "n/a" if diff["se"] is None else f"{2 * diff['se']:.3f}"
             lines.append(f"| {arm} - {base} | {metric} | {len(diff['seeds'])} | {diff['mean']:+.3f} +- {se} | "
                          f"{verdict(diff)} |")
+    starts: dict[str, set[int]] = {}
+    for r in runs:
+        starts.setdefault(warm_start_label(r), set()).add(int(r["seed"]))
+    lines += ["", "Warm starts (the seeds that ran on each; a pair compares runs of one seed, so of one warm start "
+              "when every arm of a seed ran on it):", ""]
+    lines += [f"- {label}: seeds {', '.join(map(str, sorted(seeds)))}" for label, seeds in sorted(starts.items())]
     missing = [f"{a}-seed{s}" for a, s in plan(arms) if s not in by_arm.get(a, {})]
     lines += ["", f"Missing runs ({len(missing)}): {', '.join(missing) if missing else 'none'}"]
     return "\n".join(lines)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -158,6 +159,21 @@ def test_multiturn_report_pairs_seeds_applies_the_rule_and_lists_missing_runs():
     assert next(line for line in text.splitlines() if line.startswith("| grpo - gae | final")).endswith("| 1 | -0.100 +- n/a | level |")
     assert "| group_ppo_turn - gae | final | 0 | - | - |" in text
     assert "Missing runs (11)" in text and "gae-seed3" in text and "group_ppo-seed0" not in text.split("Missing")[1]
+    assert "- not recorded: seeds 0, 1, 2" in text  # records without the warm start's figures
+
+
+def test_multiturn_report_names_the_warm_start_of_each_seed(tmp_path):
+    bench = _load("bench_multiturn")
+    (tmp_path / "model").mkdir()
+    measured = {"sampled": 0.195, "greedy": 0.578, "call_rate": 0.89, "calls_per_response": 1.76}
+    (tmp_path / "model" / "prepare.json").write_text(json.dumps({"test_accuracy": measured}))
+    assert bench.warm_start(str(tmp_path)) == measured
+    runs = [_multiturn_record("gae", s, [0.2] * 20) for s in (0, 1, 2)]
+    for r in runs[1:]:
+        r["warm_start"] = measured
+    text = bench.report(runs)
+    assert "- not recorded: seeds 0" in text
+    assert "- sampled 0.195, greedy 0.578, calls/response 1.76: seeds 1, 2" in text
 
 
 def test_multiturn_needs_enough_steps_for_the_final_window(tmp_path):
