@@ -72,7 +72,7 @@ def monte_carlo_advantages(values_mc: torch.Tensor, rewards: torch.Tensor, mask:
 def correlation(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> float:
     """Pearson correlation of ``a`` and ``b`` (B, T) over valid positions; NaN when either is constant."""
     sel = mask.bool()
-    x, y = a[sel].double(), b[sel].double()
+    x, y = a[sel].detach().double(), b[sel].detach().double()
     x, y = x - x.mean(), y - y.mean()
     denom = math.sqrt(float((x * x).sum()) * float((y * y).sum()))
     return float((x * y).sum()) / denom if denom > 0 else math.nan
