@@ -157,13 +157,16 @@ def actor_worker_config(model_dir: str, strategy: str, dynamic: bool, rmpad: boo
     return worker, functools.partial(ppo_loss, config=actor)
 
 
-def _compare_updates(worker, loss_fn, batch, label: str) -> float:
-    """Train ``batch`` as one mini-batch at 1 and at 2 ranks; return the max relative update difference."""
+def _spec(worker, loss_fn, batch) -> dict:
+    """One case for :func:`R.run_updates`: ``batch`` trained as one mini-batch."""
     n = batch.batch_size[0]
     extra = dict(global_batch_size=n, mini_batch_size=n, epochs=1, seed=1, dataloader_kwargs={"shuffle": False},
                  temperature=1.0)
-    spec = dict(worker_config=worker, loss_fn=loss_fn, batch=batch, extra=extra)
-    results = R.run_updates(spec, (1, 2))
+    return dict(worker_config=worker, loss_fn=loss_fn, batch=batch, extra=extra)
+
+
+def _compared_updates(results: list[dict], label: str) -> float:
+    """The max relative difference between the updates at 1 and at 2 ranks (``results`` in that order)."""
     start = _max_rel_diff(results[0]["before"], results[1]["before"])
     assert start == 0.0, f"the ranks must start from the checkpoint's weights (max relative difference {start:.2e})"
     up1, up2 = (_updates(result) for result in results)
@@ -205,21 +208,43 @@ def _check_engine(worker, mode: str) -> None:
         assert engine.max_token_len_per_gpu == TOKEN_BUDGET
 
 
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("strategy", STRATEGIES)
-def test_critic_update_rank_invariant(model_dirs, strategy, mode):
-    worker, cfg = critic_worker_config(model_dirs["critic"], strategy, **_mode(mode))
-    _check_engine(worker, mode)
-    loss_fn = make_critic_loss_fn(cfg.critic, "boundaries")
-    assert _compare_updates(worker, loss_fn, critic_batch(), f"critic {strategy} {mode}") <= RTOL
+def _case(role: str, strategy: str, mode: str) -> str:
+    return f"{role}-{strategy}-{mode}"
+
+
+@pytest.fixture(scope="module")
+def updates(model_dirs) -> dict[str, tuple]:
+    """Every case (critic and actor, each strategy and mode) trained at 1 and at 2 ranks in one launch of each
+    world size; per case, the worker config it ran and the two results."""
+    workers, specs = {}, {}
+    for strategy in STRATEGIES:
+        for mode in MODES:
+            worker, cfg = critic_worker_config(model_dirs["critic"], strategy, **_mode(mode))
+            name = _case("critic", strategy, mode)
+            workers[name] = worker
+            specs[name] = _spec(worker, make_critic_loss_fn(cfg.critic, "boundaries"), critic_batch())
+            worker, loss_fn = actor_worker_config(model_dirs["policy"], strategy, **_mode(mode))
+            name = _case("actor", strategy, mode)
+            workers[name] = worker
+            specs[name] = _spec(worker, loss_fn, actor_batch())
+    results = R.run_updates(specs, (1, 2))
+    return {name: (workers[name], results[name]) for name in specs}
 
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_actor_update_rank_invariant(model_dirs, strategy, mode):
-    worker, loss_fn = actor_worker_config(model_dirs["policy"], strategy, **_mode(mode))
+def test_critic_update_rank_invariant(updates, strategy, mode):
+    worker, results = updates[_case("critic", strategy, mode)]
     _check_engine(worker, mode)
-    assert _compare_updates(worker, loss_fn, actor_batch(), f"actor {strategy} {mode}") <= RTOL
+    assert _compared_updates(results, f"critic {strategy} {mode}") <= RTOL
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_actor_update_rank_invariant(updates, strategy, mode):
+    worker, results = updates[_case("actor", strategy, mode)]
+    _check_engine(worker, mode)
+    assert _compared_updates(results, f"actor {strategy} {mode}") <= RTOL
 
 
 # --------------------------------------------------------------------------------------------------
