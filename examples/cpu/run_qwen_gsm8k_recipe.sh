@@ -39,7 +39,7 @@
 #   bf16 autocast                            fp32 (mixed_precision.param_dtype=fp32, read by verl's FSDP engine for
 #                                            both strategies), the precision of the hf rollout
 #   trainer.n_gpus_per_node=2                2 CPU ranks (trainer.device=cpu, VERL_PLATFORM=cpu, ray num_gpus=2)
-# Made small, for time on 2 cores: 4 prompts x 5 responses a step, prompts up to 256 tokens, responses up to 32,
+# Made small, for time on 2 cores: 2 prompts x 5 responses a step, prompts up to 256 tokens, responses up to 32,
 # micro-batches of 5 responses, 2 steps, a 2-layer model with hidden size 64.
 set -euo pipefail
 
@@ -107,16 +107,16 @@ cpu=(
   transfer_queue.backend.SimpleStorage.num_data_storage_units=1
 )
 small=(
-  data.train_batch_size=4
+  data.train_batch_size=2
   data.val_batch_size=16
   data.max_prompt_length=256
   data.max_response_length=32
   data.dataloader_num_workers=0
-  actor_rollout_ref.actor.ppo_mini_batch_size=4
+  actor_rollout_ref.actor.ppo_mini_batch_size=2
   actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=5
   actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=5
   actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=5
-  critic.ppo_mini_batch_size=4
+  critic.ppo_mini_batch_size=2
   critic.ppo_micro_batch_size_per_gpu=5
   reward.num_workers=1
   trainer.total_training_steps=2
