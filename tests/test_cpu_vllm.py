@@ -235,7 +235,8 @@ def test_vllm_contract_with_the_installed_verl_and_vllm():
     # why the weight sync needs layerwise reload at all: vLLM's CPU GEMM drops the loadable weight
     assert facts["cpu_gemm_drops_weight"], ("vLLM's dispatch_cpu_unquantized_gemm no longer drops the weight "
                                             "parameter: re-check whether cpu/vllm_worker.py is still needed")
-    # the head sizes the server's start-up check takes from vLLM: the tiny task's 32 served, the old stand-in's 16 not
+    # the head sizes the server's start-up check takes from vLLM: the small model's and the Qwen stand-in's 32
+    # served, the tool task's tiny model's 16 not
     assert 32 in facts["cpu_attention_head_sizes"] and 16 not in facts["cpu_attention_head_sizes"], facts
 
 

