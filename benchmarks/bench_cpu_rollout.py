@@ -36,19 +36,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from verl_group_ppo.logs import parse_step_metrics
+
 REPO = Path(__file__).resolve().parents[1]
 LAUNCHER = REPO / "examples" / "cpu" / "common.sh"
 TINY_RUNS = (("hf", "fp32", []), ("vllm", "fp32", ["actor_rollout_ref.rollout.dtype=float32"]),
              ("vllm", "bf16", ["actor_rollout_ref.rollout.dtype=bfloat16"]))  # bf16: verl's default rollout.dtype
-
-
-def _summarize_log():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("bench_summarize_log", LAUNCHER.parent / "summarize_log.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 # ---------------------------------------------------------------------------------------------- tiny task
@@ -67,7 +60,7 @@ def run_tiny(work_dir: Path, steps: int, backend: str, extra: list[str]) -> dict
     if proc.returncode != 0:
         raise RuntimeError(f"launcher with rollout.name={backend} {extra} failed (rc {proc.returncode}):\n"
                            f"{output[-4000:]}")
-    metrics = _summarize_log().parse_step_metrics(output)
+    metrics = parse_step_metrics(output)
     if sorted(metrics) != list(range(1, steps + 1)):
         raise RuntimeError(f"expected steps 1..{steps}, got {sorted(metrics)}")
     return {"wall": wall, "steps": metrics}

@@ -15,7 +15,6 @@ first run prepares it (a few minutes, not timed in the table).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import math
 import os
 import subprocess
@@ -23,16 +22,10 @@ import sys
 import time
 from pathlib import Path
 
+from verl_group_ppo.logs import parse_step_metrics, timing_breakdown
+
 REPO = Path(__file__).resolve().parents[1]
 PHASES = ("step", "gen", "old_log_prob", "values", "adv", "update_critic", "update_actor")
-
-
-def _summarize_module():
-    """``examples/cpu/summarize_log.py`` as a module (the one log parser)."""
-    spec = importlib.util.spec_from_file_location("summarize_log", REPO / "examples/cpu/summarize_log.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _int_list(text: str, name: str) -> list[int]:
@@ -79,7 +72,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.steps < 2:
         raise SystemExit(f"--steps: need at least 2 (the first step is excluded), got {args.steps}")
     prompts_list = _int_list(args.prompts, "--prompts")
-    summarize = _summarize_module()
     args.log_dir.mkdir(parents=True, exist_ok=True)
 
     header = "| estimator | responses/step | " + " | ".join(PHASES) + " | step / first row | run wall s |"
@@ -90,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
             log_path = args.log_dir / f"{estimator}_{prompts}.log"
             print(f"[scaling] {estimator}: {prompts} prompts x 4, {args.steps} steps -> {log_path}", flush=True)
             wall = run_one(estimator, prompts, args.steps, args.work_dir.resolve(), log_path)
-            timing = summarize.timing_breakdown(summarize.parse_step_metrics(log_path.read_text(errors="replace")))
+            timing = timing_breakdown(parse_step_metrics(log_path.read_text(errors="replace")))
             cells = [timing.get(f"timing_s/{p}", float("nan")) for p in PHASES]
             first_step = first_step or cells[0]
             rows.append(f"| {estimator} | {4 * prompts} | " + " | ".join(f"{c:.2f}" for c in cells)

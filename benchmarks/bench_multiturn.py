@@ -20,7 +20,6 @@ differences of :data:`PAIRS` with the rule's verdict (:func:`verl_group_ppo.demo
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import shutil
@@ -29,6 +28,8 @@ import sys
 import time
 from statistics import mean
 from typing import Any
+
+from verl_group_ppo.logs import parse_step_metrics
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: arm -> (launcher estimator, extra overrides, seeds)
@@ -44,14 +45,6 @@ PAIRS = (("group_ppo", "gae"), ("group_ppo_turn", "gae"), ("grpo", "gae"), ("gro
 #: the metrics kept per step (the training reward, the turn counts, the step's time)
 KEPT = ("critic/score/mean", "num_turns/mean", "num_turns/max", "response_length/mean", "timing_s/step")
 WINDOW = 10
-
-
-def _summarize_log():
-    spec = importlib.util.spec_from_file_location("verl_group_ppo_summarize_log",
-                                                  os.path.join(REPO, "examples", "cpu", "summarize_log.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def plan(arms: dict = ARMS) -> list[tuple[str, int]]:
@@ -86,7 +79,7 @@ def run_one(out_dir: str, results_dir: str, arm: str, seed: int, steps: int, pyt
         output = f.read()
     if proc.returncode != 0:
         raise RuntimeError(f"{arm} seed {seed} failed (rc {proc.returncode}); {log_path} ends:\n{output[-3000:]}")
-    steps_logged = _summarize_log().parse_step_metrics(output)
+    steps_logged = parse_step_metrics(output)
     command = " ".join(cmd).replace(REPO + os.sep, "")
     record = {"arm": arm, "seed": seed, "command": f"MULTI_TURN=1 {command}", "seconds": round(time.time() - t0, 1),
               "warm_start": warm_start(os.path.join(out_dir, "task")),

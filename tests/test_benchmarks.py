@@ -34,13 +34,6 @@ def test_step_scaling_needs_two_steps_before_running_anything(tmp_path):
     assert not (tmp_path / "logs").exists()
 
 
-def test_step_scaling_reads_phases_through_the_launcher_log_parser():
-    bench = _load("bench_cpu_step_scaling")
-    parser = bench._summarize_module()
-    log = "step:1 - timing_s/step:9.0 - timing_s/gen:5.0\nstep:2 - timing_s/step:4.0 - timing_s/gen:2.0\n"
-    assert parser.timing_breakdown(parser.parse_step_metrics(log)) == {"timing_s/gen": 2.0, "timing_s/step": 4.0}
-
-
 @pytest.mark.parametrize("argv, message", [
     (["--steps", "19"], "--steps: need at least 20"),
     (["--prompts", "0"], "--prompts: must be >= 1"),

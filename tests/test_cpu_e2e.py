@@ -14,7 +14,6 @@ checks share as few runs as possible:
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -27,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from verl_group_ppo.tinytask import prepare as prep
+from verl_group_ppo import logs as summarize_log
 from verl_group_ppo.config import GroupParams
 from verl_group_ppo.tinytask.reward import compute_score, data_source_for, task_for
 from verl_group_ppo.tinytask.tasks import make_task, split_problems
@@ -37,17 +37,6 @@ LAUNCHER = REPO / "examples" / "cpu" / "common.sh"
 TINY = prep.PrepareSettings(model_size="tiny", warmstart_steps=60, n_train=2000, n_test=64, min_sampled_accuracy=0.0)
 # the threshold every run starts from (the launchers leave group_params at the package defaults)
 TAU_0 = GroupParams().group_variance_threshold
-
-
-def _load_summarize_log():
-    """examples/cpu/summarize_log.py (a script, not a package module): verl's console-metrics parser."""
-    spec = importlib.util.spec_from_file_location("verl_group_ppo_cpu_summarize_log", LAUNCHER.parent / "summarize_log.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-summarize_log = _load_summarize_log()
 
 
 # ---------------------------------------------------------------------------------------------- fast tests

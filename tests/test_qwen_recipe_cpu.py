@@ -127,7 +127,7 @@ def test_qwen_multiturn_recipe_trains_two_steps_on_two_cpu_ranks(tmp_path, rollo
     # trainer.critic_warmup=0 lets the actor train from step 1 (the recipe warms the critic up for 20 steps), so the
     # sharded FSDP1 actor's update reaches the rollout replicas before step 2 samples (tests/test_cpu_vllm.py proves
     # that sync exact; the random-weight stand-in cannot show it)
-    summarize_log = _load("verl_group_ppo_cpu_summarize_log_recipe", CPU_DIR / "summarize_log.py")
+    from verl_group_ppo import logs as summarize_log
     env = {**os.environ, "WORK_DIR": str(tmp_path), "PYTHON": sys.executable, "MULTI_TURN": "1",
            "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
     proc = subprocess.run(["bash", str(CPU_DIR / "run_qwen_gsm8k_recipe.sh"), "trainer.critic_warmup=0"], env=env,

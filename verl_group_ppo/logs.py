@@ -1,6 +1,6 @@
-"""Summarise the console output of a ``main_ppo`` run (e.g. of ``examples/cpu/run_tiny_*.sh``).
+"""verl's console metrics: read and summarise the output of a ``main_ppo`` run (``examples/cpu/run_tiny_*.sh``).
 
-    python examples/cpu/summarize_log.py run.log [more.log ...]
+    python -m verl_group_ppo.logs run.log [more.log ...]
 
 For each log: the steps logged, the training reward ``critic/score/mean`` averaged over the first and the
 last 10 steps (and their difference), and verl's per-step time breakdown ``timing_s/*`` averaged over the
@@ -9,8 +9,8 @@ steps after the first (the first step includes one-off warm-up), with each phase
 
 from __future__ import annotations
 
+import argparse
 import re
-import sys
 from statistics import mean
 
 STEP_LINE = re.compile(r"step:(\d+) - (.*)$")
@@ -71,15 +71,14 @@ def summary(text: str) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str]) -> int:
-    if not argv:
-        print(__doc__, file=sys.stderr)
-        return 2
-    for path in argv:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m verl_group_ppo.logs", description=__doc__.split("\n\n")[0])
+    parser.add_argument("logs", nargs="+", help="console logs of main_ppo runs")
+    for path in parser.parse_args(argv).logs:
         with open(path, errors="replace") as f:
             print(f"## {path}\n{summary(f.read())}\n")
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))
+    raise SystemExit(main())
