@@ -165,7 +165,7 @@ def test_groups_partition_valid_tokens_into_contiguous_capped_runs(mask_kind, ru
         assert ids[0] == 1 and all(0 <= j - i <= 1 for i, j in zip(ids, ids[1:]))  # contiguous, in order
         for k in set(ids):
             members = [p for p, i in zip(pos, ids) if i == k]
-            assert len(members) <= gmax
+            assert len(members) <= gmax or rule == "turn"  # turn: one group per turn, however long
             assert members == list(range(members[0], members[-1] + 1))  # no group spans a hole
             assert out.critic_mask[b, members].tolist() == [1.0] + [0.0] * (len(members) - 1)  # one slot, first
             assert out.endpoint_mask[b, members[-1]] and not out.endpoint_mask[b, members[:-1]].any()
@@ -668,10 +668,10 @@ def _turns(mask_row: torch.Tensor) -> list[list[int]]:
 @pytest.mark.parametrize("adv_norm", ["batch", "prompt", "none"])
 def test_turn_rule_gives_one_group_per_turn_read_at_turn_starts(adv_norm, within_group):
     rewards, mask, values, olp, index = make_batch(31, 6, 40, "holes", dense=False, empty_rows=True)
-    settings = algo_settings(0.97, 0.9, group_max_size=40, boundary_rule="turn", adv_norm=adv_norm,
-                             within_group=within_group)
+    settings = algo_settings(0.97, 0.9, group_max_size=2, boundary_rule="turn", adv_norm=adv_norm,
+                             within_group=within_group)  # a cap far under the turns' lengths: turn ignores it
     out = compute_group_ppo_outputs(rewards, mask, values=values, index=index, settings=settings, threshold=3.0)
-    ref = reference_group_ppo(rewards, mask, values, gamma=0.97, lam=0.9, threshold=3.0, group_max_size=40,
+    ref = reference_group_ppo(rewards, mask, values, gamma=0.97, lam=0.9, threshold=3.0, group_max_size=2,
                               boundary_rule="turn", adv_norm=adv_norm, index=index, within_group=within_group)
     assert_close(out.advantages, ref.advantages)
     assert_close(out.returns, ref.returns)
@@ -688,12 +688,21 @@ def test_turn_rule_gives_one_group_per_turn_read_at_turn_starts(adv_norm, within
     assert torch.all(out.advantages[~mask.bool()] == 0) and torch.all(out.critic_mask[~mask.bool()] == 0)
 
 
-def test_turn_rule_splits_a_turn_longer_than_group_max_size():
+def test_turn_rule_ignores_group_max_size_and_fixed_caps_the_turns():
+    """``turn`` cuts only at turn ends; turns capped at N tokens are ``fixed`` with ``group_max_size=N``."""
     mask = torch.tensor([[1, 1, 1, 1, 1, 0, 0, 1, 1, 1]], dtype=F64)
     rewards = torch.zeros_like(mask)
     rewards[0, -1] = 1.0
-    ends = find_group_endpoints(rewards, mask, values=torch.zeros_like(mask), group_max_size=2, boundary_rule="turn")
-    assert ends[0].tolist() == [False, True, False, True, True, False, False, False, True, True]
+
+    def ends(rule: str, size: int) -> list[bool]:
+        return find_group_endpoints(rewards, mask, values=torch.zeros_like(mask), group_max_size=size,
+                                    boundary_rule=rule)[0].tolist()
+
+    turn_ends = [False] * 4 + [True] + [False] * 4 + [True]
+    assert ends("turn", 2) == ends("turn", 1) == ends("turn", 16) == turn_ends
+    assert ends("fixed", 2) == [False, True, False, True, True, False, False, False, True, True]
+    assert ends("fixed", 5) == turn_ends  # a cap at least the longest turn: one group per turn
+    assert ends("fixed", 4) == [False, False, False, True, True, False, False, False, False, True]
 
 
 def test_turn_rule_does_not_adapt_the_threshold():

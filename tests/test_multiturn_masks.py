@@ -10,6 +10,7 @@ runs them again on the dump of a fresh 2-step run, so what they say holds for th
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -169,17 +170,29 @@ def test_multiturn_run_equals_the_core_and_group_metrics_count_assistant_tokens(
     check_the_run_computed_what_the_core_computes(recorded, GroupParams())
 
 
-def test_multiturn_turn_rule_on_the_recorded_batch_is_one_group_per_turn(recorded):
+def test_multiturn_turn_rule_is_one_group_per_turn_at_default_settings_and_fixed_is_not(recorded):
+    """At the package defaults (``group_max_size`` 16) ``turn`` makes every assistant turn one group, the ones
+    longer than 16 tokens too; ``fixed`` cuts each turn into ceil(length / 16) groups."""
     batch = as_batch(recorded)
-    settings = read_algorithm_settings({"gamma": 1.0, "lam": 1.0, "group_params": {
-        "boundary_rule": "turn", "group_max_size": batch["response_mask"].shape[1]}})
-    out = compute_group_ppo_outputs(batch["token_level_rewards"], batch["response_mask"], values=batch["values"],
-                                    index=batch["uids"], settings=settings)
-    n_turns = sum(len(turns(r["row"]["response_mask"])) for r in recorded)
-    assert out.metrics["group/num_groups"] == n_turns
-    for b, r in enumerate(recorded):
-        for k, turn in enumerate(turns(r["row"]["response_mask"]), start=1):
-            assert out.group_ids[b, turn].tolist() == [k] * len(turn)
+    outs = {rule: compute_group_ppo_outputs(
+        batch["token_level_rewards"], batch["response_mask"], values=batch["values"], index=batch["uids"],
+        settings=read_algorithm_settings({"gamma": 1.0, "lam": 1.0, "group_params": {"boundary_rule": rule}}))
+        for rule in ("turn", "fixed")}
+    runs = [turns(r["row"]["response_mask"]) for r in recorded]
+    lengths = [len(turn) for response in runs for turn in response]
+    cap = GroupParams().group_max_size
+    assert max(lengths) > cap  # the recorded step has a turn longer than the default cap
+    turn = outs["turn"]
+    assert turn.metrics["group/num_groups"] == len(lengths)
+    assert turn.metrics["group/max_group_size"] == max(lengths)
+    for b, response in enumerate(runs):
+        for k, run in enumerate(response, start=1):
+            assert turn.group_ids[b, run].tolist() == [k] * len(run)  # the turn is group k, whole
+    fixed = outs["fixed"]
+    assert fixed.metrics["group/num_groups"] == sum(math.ceil(n / cap) for n in lengths) > len(lengths)
+    assert fixed.metrics["group/max_group_size"] == cap
+    assert not torch.equal(fixed.group_ids, turn.group_ids)
+    assert not torch.equal(fixed.advantages, turn.advantages)
 
 
 # ------------------------------------------------------------------------------------------- a fresh run

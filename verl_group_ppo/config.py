@@ -42,14 +42,16 @@ class GroupParams:
     group_variance_threshold: float = _help(
         "Starting (or, with adaptation off, fixed) variance budget tau: 0 = every token a group (PPO), "
         "inf = groups as long as group_max_size allows.", 1.0)
-    group_max_size: int = _help("Most valid tokens in one group (>= 1); 1 reproduces token-level GAE.", 16)
+    group_max_size: int = _help(
+        "Most valid tokens in one group (>= 1) under every rule but 'turn'; 1 reproduces token-level GAE.", 16)
     group_epsilon: float = _help("Small positive constant in the normalised TD variance and explained variance.", 1e-6)
     adaptive_threshold: bool = _help("Adapt tau after each batch toward adaptive_target (variance rule only).", True)
     threshold_lr: float = _help("Step size of the multiplicative tau update (log-space).", 0.1)
     min_threshold: float = _help("Lower bound for the adapted tau.", 0.1)
     max_threshold: float = _help("Upper bound for the adapted tau.", 10.0)
     boundary_rule: str = _help(
-        "Endpoint rule: 'variance' (TD-variance budget), 'fixed', 'low_prob' or 'turn' (one group per turn).", "variance")
+        "Endpoint rule: 'variance' (TD-variance budget), 'fixed', 'low_prob' or 'turn' (one group per turn, "
+        "group_max_size unused; turns capped at N tokens: 'fixed' with group_max_size N).", "variance")
     low_prob_threshold: float = _help("low_prob rule: a new group starts at a token with old prob below this.", 0.9)
     adv_norm: str = _help("Advantage normalisation: 'batch' (verl masked_whiten), 'prompt' (per uid) or 'none'.",
                           "batch")

@@ -195,11 +195,11 @@ def find_group_endpoints(
     Rules: ``variance`` (a running budget of normalised squared TD residuals
     ``z = delta^2 / (mean(delta^2) + eps)`` ends a group once it reaches ``threshold``), ``fixed`` (every
     ``group_max_size`` valid tokens), ``low_prob`` (a group starts at each token whose old-policy
-    probability is below ``low_prob_threshold``) and ``turn`` (no cut of its own: one group per assistant
-    turn, a turn being a maximal run of valid positions between masked tool observations). Under every
-    rule a group ends at ``group_max_size`` tokens, at the last valid token and before a masked position
-    (groups never span a hole); so ``turn`` cuts where ``fixed`` does, and is one group per turn when
-    ``group_max_size`` is at least the longest turn.
+    probability is below ``low_prob_threshold``) and ``turn`` (one group per assistant turn, a turn being a
+    maximal run of valid positions between masked tool observations). Under every rule a group ends at
+    the last valid token and before a masked position (groups never span a hole); under every rule but
+    ``turn`` it also ends at ``group_max_size`` tokens, which ``turn`` ignores. Turns capped at N tokens
+    are ``fixed`` with ``group_max_size=N``.
 
     Args:
         token_level_rewards, values, response_mask: (B, T), see :func:`compute_group_advantage`.
@@ -539,13 +539,17 @@ def _group_ends(delta_tm: torch.Tensor, batch: _Batch, params: GroupParams, tau:
     """Group ends in time-major layout: bool (T, B), True at every endpoint (step 2) *and* at every
     masked position (so a group starts right after any True).
 
-    The variance budget ``sum z_i >= tau`` with ``z_i = delta_i^2 / (sigma2 + eps)`` is evaluated as
-    ``sum delta_i^2 >= tau * (sigma2 + eps)``: the same test, one pass fewer.
+    ``turn`` ends groups only where every rule does (:func:`_turn_ends`). The other rules add a cap of
+    ``group_max_size`` tokens and their own cuts. The variance budget ``sum z_i >= tau`` with
+    ``z_i = delta_i^2 / (sigma2 + eps)`` is evaluated as ``sum delta_i^2 >= tau * (sigma2 + eps)``: the
+    same test, one pass fewer.
     """
-    valid, invalid = batch.valid_tm, batch.invalid_tm
+    rule = params.boundary_rule
+    if rule == "turn":
+        return _turn_ends(batch.invalid_tm)  # no cut of its own, no cap: one group per turn
+    valid = batch.valid_tm
     T, B = valid.shape
     cap = min(params.group_max_size, max(T, 1))
-    rule = params.boundary_rule
     if cap == 1 or (rule == "variance" and tau == 0.0) or batch.n_valid == 0:
         return torch.ones_like(valid)  # every valid token is its own group
     # Increments of the scan's two budgets, [delta^2; token count]. A masked position, or one that must
@@ -555,18 +559,25 @@ def _group_ends(delta_tm: torch.Tensor, batch: _Batch, params: GroupParams, tau:
         torch.mul(delta_tm, delta_tm, out=inc[:, 0])
         sigma2 = sum_of_squares(delta_tm) / batch.n_valid
         limit = tau * (sigma2 + params.group_epsilon)
-    else:  # fixed, low_prob and turn: only the token budget and the forced ends below cut
+    else:  # fixed and low_prob: only the token budget and the forced ends below cut
         inc[:, 0].zero_()
         limit = math.inf
-    forced = torch.empty_like(valid)
-    torch.logical_or(invalid[:-1], invalid[1:], out=forced[:-1])
-    forced[-1:] = True
+    forced = _turn_ends(batch.invalid_tm)
     if rule == "low_prob":
         low = batch.old_log_probs_tm.exp() < params.low_prob_threshold
         forced[:-1] |= low[1:] & valid[1:]
     torch.where(forced, _scalar(cap, inc), _scalar(1.0, inc), out=inc[:, 1])
     limits = torch.tensor([[limit], [float(cap)]], dtype=inc.dtype, device=inc.device)
     return _scan_budget(inc, limits)
+
+
+def _turn_ends(invalid_tm: torch.Tensor) -> torch.Tensor:
+    """(T, B) bool: every masked position, and every valid position that is the last of its turn (the
+    next position is masked or does not exist). The ends every rule has; a new tensor."""
+    ends = torch.empty_like(invalid_tm)
+    torch.logical_or(invalid_tm[:-1], invalid_tm[1:], out=ends[:-1])
+    ends[-1:] = True
+    return ends
 
 
 def _scan_budget(inc: torch.Tensor, limits: torch.Tensor) -> torch.Tensor:
