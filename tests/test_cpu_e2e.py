@@ -52,7 +52,7 @@ def problems():
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory, problems):
     _, train, _ = problems
-    hf, vocab, merges = prep.train_tokenizer(prep.tokenizer_texts(train), 300)
+    hf, vocab, merges = prep.train_tokenizer(prep.single_turn_texts(train, prep.PrepareSettings()), 300)
     path = tmp_path_factory.mktemp("tok")
     prep.save_tokenizer(hf, vocab, merges, str(path))
     return path

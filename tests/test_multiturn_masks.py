@@ -198,7 +198,7 @@ def test_multiturn_turn_rule_is_one_group_per_turn_at_default_settings_and_fixed
 # ------------------------------------------------------------------------------------------- a fresh run
 
 # the tool task on the tiny model, briefly warm-started: enough to open its turns with a call, not to be right
-TOOL_TINY = prep.PrepareSettings(tools=True, response_length=96, model_size="tiny", warmstart_steps=150,
+TOOL_TINY = prep.PrepareSettings(variant="tools", response_length=96, model_size="tiny", warmstart_steps=150,
                                  warmstart_batch_size=32, n_train=2000, n_test=32, min_sampled_accuracy=0.0,
                                  min_call_rate=0.0)
 

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from verl_group_ppo.tinytask import prepare as prep
-from verl_group_ppo.tinytask.reward import compute_score, data_source_for
+from verl_group_ppo.tinytask import tooluse
+from verl_group_ppo.tinytask.reward import TOOLS_SUFFIX, compute_score, data_source_for
 from verl_group_ppo.tinytask.tasks import ChainSumTask, split_problems
 from verl_group_ppo.tinytask.tool_episodes import EpisodeEncoder, episode_batch, sample_episodes
 from verl_group_ppo.tinytask.tooluse import (
@@ -27,6 +28,9 @@ from verl_group_ppo.tinytask.tooluse import (
 )
 
 
+TOOL_SETTINGS = prep.PrepareSettings(variant="tools")
+
+
 @pytest.fixture(scope="module")
 def problems():
     task = ChainSumTask()
@@ -37,7 +41,7 @@ def problems():
 @pytest.fixture(scope="module")
 def tool_tokenizer(problems):
     _, train, _ = problems
-    hf, _, _ = prep.train_tokenizer(prep.tokenizer_texts(train, tools=True), 300, tools=True)
+    hf, _, _ = prep.train_tokenizer(prep.TOOLS.tokenizer_texts(train, TOOL_SETTINGS), 300, prep.TOOLS)
     return hf
 
 
@@ -90,15 +94,18 @@ def test_multiturn_call_format_round_trips():
 def test_multiturn_reward_scores_the_final_answer_of_the_transcript(problems):
     task, train, _ = problems
     problem = train[0]
-    row = prep.verl_row(problem, task, "train", 0, tools=True)
-    assert row["agent_name"] == "tool_agent" and row["data_source"] == data_source_for("chain_sum", tools=True)
+    row = prep.verl_row(problem, task, "train", 0, prep.TOOLS)
+    assert row["agent_name"] == "tool_agent" and row["data_source"] == data_source_for("chain_sum", TOOLS_SUFFIX)
+    assert "agent_name" not in prep.verl_row(problem, task, "train", 0)
     good = f"{format_call(*(chain_steps(problem)[0], chain_steps(problem)[1][0]))}\ntool\n5\nassistant\n#{problem.answer}"
     args = (row["data_source"], good, problem.answer, row["extra_info"])
     assert compute_score(*args) == 1.0
     assert compute_score(row["data_source"], good + "1", problem.answer, row["extra_info"]) == 0.0
     assert compute_score(row["data_source"], "no answer", problem.answer, row["extra_info"]) == 0.0
     with pytest.raises(ValueError, match="task_name"):
-        data_source_for("mod_chain", tools=True)
+        data_source_for("mod_chain", TOOLS_SUFFIX)
+    with pytest.raises(ValueError, match="suffix"):
+        data_source_for("chain_sum", "+calc")
 
 
 def test_multiturn_tool_tokenizer_keeps_call_markers_whole(tool_tokenizer):
@@ -179,11 +186,62 @@ def test_multiturn_tinycalc_parser_and_function_tool_through_verls_loaders(tool_
 
 
 def test_multiturn_prepare_flags_take_the_tool_defaults():
-    settings = prep.settings_from_flags({"tools": True, "warmstart_steps": 10, "response_length": None})
-    assert settings.tools and settings.response_length == prep.TOOL_DEFAULTS["response_length"]
-    assert settings.warmstart_steps == 10
-    assert prep.settings_from_flags({"tools": False}) == prep.PrepareSettings()
+    for flags in (["--tools"], ["--variant", "tools"]):
+        args = vars(prep.build_parser().parse_args(["--output-dir", "x", "--warmstart-steps", "10", *flags]))
+        for key in ("output_dir", "force", "threads"):  # what main() takes out before the settings
+            args.pop(key)
+        settings = prep.settings_from_flags(args)
+        assert settings.variant == "tools" and settings.warmstart_steps == 10
+        defaults = {k: v for k, v in prep.TOOLS.defaults.items() if k != "warmstart_steps"}
+        assert defaults and {k: getattr(settings, k) for k in defaults} == defaults
+    assert prep.settings_from_flags({"variant": None, "response_length": None}) == prep.PrepareSettings()
+    assert prep.settings_from_flags({"variant": "tools", "model_size": "small"}).model_size == "small"
+    with pytest.raises(ValueError, match="variant"):
+        prep.settings_from_flags({"variant": "chat"})
+    with pytest.raises(ValueError, match="task_name"):  # the tool task is built on chain_sum only
+        prep.PrepareSettings(variant="tools", task="mod_chain")
     with pytest.raises(ValueError, match="tool_prob"):
-        prep.PrepareSettings(tools=True, tool_prob=1.5)
+        prep.PrepareSettings(variant="tools", tool_prob=1.5)
     with pytest.raises(RuntimeError, match="min-call-rate"):
-        prep.check_warm_start({"sampled": 0.3, "call_rate": 0.2}, prep.PrepareSettings(tools=True))
+        prep.TOOLS.check({"sampled": 0.3, "call_rate": 0.2}, TOOL_SETTINGS)
+    with pytest.raises(RuntimeError, match="min-sampled-accuracy"):
+        prep.TOOLS.check({"sampled": 0.0, "call_rate": 0.9}, TOOL_SETTINGS)
+    prep.SINGLE_TURN.check({"sampled": 0.3}, prep.PrepareSettings())  # no call rate to check
+    assert set(prep.VARIANTS) == {"single_turn", "tools"}
+
+
+def test_multiturn_tokenizer_texts_follow_the_settings_tool_prob(problems):
+    _, train, _ = problems
+    never = prep.TOOLS.tokenizer_texts(train[:30], prep.PrepareSettings(variant="tools", tool_prob=0.0))
+    always = prep.TOOLS.tokenizer_texts(train[:30], prep.PrepareSettings(variant="tools", tool_prob=1.0))
+    assert not [t for t in never if t.startswith("tool\n")]
+    assert len([t for t in always if t.startswith("tool\n")]) == sum(len(chain_steps(p)[1]) for p in train[:30])
+    assert not [t for t in always if CALL_OPEN in t or CALL_CLOSE in t]  # the markers are tokens of their own
+
+
+@pytest.mark.parametrize("a,b", [(4, 7), (11, -3), (-8, 0), (-8, -12), (0, 5), (123, -45)])
+def test_multiturn_tool_template_writes_calls_as_format_call_does(tool_tokenizer, a, b):
+    """The chat template renders an assistant message's tool_calls to exactly format_call's text, which
+    parse_calls reads back."""
+    call = {"type": "function", "function": {"name": "add", "arguments": {"a": a, "b": b}}}
+    rendered = tool_tokenizer.apply_chat_template(
+        [{"role": "user", "content": "1+2="}, {"role": "assistant", "content": "8 ", "tool_calls": [call]}],
+        tokenize=False)
+    turn = rendered.split("<|im_start|>assistant\n")[1].removesuffix("<|im_end|>\n")
+    assert turn == "8 " + format_call(a, b)
+    assert parse_calls(turn) == ("8 ", [(a, b)])
+
+
+def test_multiturn_call_format_has_one_definition(monkeypatch):
+    """Another layout in CALL_LAYOUT changes format_call, the parser's pattern and the template's Jinja alike."""
+    import jinja2
+
+    monkeypatch.setattr(tooluse, "CALL_LAYOUT", "<calc>{abs_b} {op} {a}</calc>")
+    monkeypatch.setattr(tooluse, "_CALL", tooluse._call_pattern())
+    for a, b in [(11, -3), (4, 7)]:
+        text = format_call(a, b)
+        assert text == f"<calc>{abs(b)} {'-' if b < 0 else '+'} {a}</calc>"
+        assert parse_calls("x" + text) == ("x", [(a, b)])
+        jinja = jinja2.Template("{% set args = call %}" + tooluse.call_jinja())
+        assert jinja.render(call={"a": a, "b": b}) == text
+        assert jinja.render(call={"x": 1}) == ""  # other arguments: no call written

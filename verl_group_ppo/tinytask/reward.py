@@ -32,14 +32,16 @@ DATA_SOURCE_PREFIX = "verl_group_ppo/"
 TOOLS_SUFFIX = "+tools"
 
 
-def data_source_for(task_name: str, tools: bool = False) -> str:
-    """The ``data_source`` written into a row of ``task_name`` (e.g. ``verl_group_ppo/chain_sum``, or
-    ``verl_group_ppo/chain_sum+tools`` for the tool-use task)."""
+def data_source_for(task_name: str, suffix: str = "") -> str:
+    """The ``data_source`` written into a row of ``task_name`` (e.g. ``verl_group_ppo/chain_sum``, or with
+    ``suffix`` :data:`TOOLS_SUFFIX` ``verl_group_ppo/chain_sum+tools`` for the tool-use task)."""
     if task_name not in TASKS:
         raise ValueError(f"task_name: unknown task {task_name!r}; choose one of {sorted(TASKS)}")
-    if tools and task_name != "chain_sum":
+    if suffix not in ("", TOOLS_SUFFIX):
+        raise ValueError(f"suffix: must be '' or {TOOLS_SUFFIX!r}, got {suffix!r}")
+    if suffix and task_name != "chain_sum":
         raise ValueError(f"task_name: the tool-use task is built on chain_sum, got {task_name!r}")
-    return DATA_SOURCE_PREFIX + task_name + (TOOLS_SUFFIX if tools else "")
+    return DATA_SOURCE_PREFIX + task_name + suffix
 
 
 @lru_cache(maxsize=None)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import random
 import re
+import string
 from dataclasses import dataclass
 
 from .tasks import ANSWER_MARK, ChainSumTask, Problem, extract_answer
@@ -36,7 +37,31 @@ CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 TOOL_FORMAT = "tinycalc"
 #: the tool's name (``add(a, b)``)
 TOOL_NAME = "add"
-_CALL = re.compile(re.escape(CALL_OPEN) + r"\s*(-?\d+)\s*([+-])\s*(\d+)\s*" + re.escape(CALL_CLOSE))
+#: the one definition of how a call of ``add(a, b)`` is written: literal text and three fields, ``a``, ``op``
+#: (``+``, or ``-`` for a negative ``b``) and ``abs_b``. :func:`format_call`, the pattern :func:`parse_calls`
+#: reads and the chat template's Jinja (:func:`call_jinja`) are all built from it.
+CALL_LAYOUT = CALL_OPEN + "{a}{op}{abs_b}" + CALL_CLOSE
+#: each field of :data:`CALL_LAYOUT` as (the regex it is read with, its Jinja over the arguments ``args``)
+_FIELDS = {"a": (r"-?\d+", "{{ args['a'] }}"),
+           "op": (r"[+-]", "{{ '-' if args['b'] < 0 else '+' }}"),
+           "abs_b": (r"\d+", "{{ args['b'] | abs }}")}
+
+
+def _layout_pieces() -> list[tuple[str, str | None]]:
+    """:data:`CALL_LAYOUT` as (literal text, field name or None) pairs, in order."""
+    return [(literal, field) for literal, field, _, _ in string.Formatter().parse(CALL_LAYOUT)]
+
+
+def _call_pattern() -> re.Pattern[str]:
+    """The regex of a call: the layout's literal text and its fields as named groups, spaces allowed between."""
+    parts = []
+    for literal, field in _layout_pieces():
+        parts += [re.escape(literal)] if literal else []
+        parts += [f"(?P<{field}>{_FIELDS[field][0]})"] if field else []
+    return re.compile(r"\s*".join(parts))
+
+
+_CALL = _call_pattern()
 
 
 def add(a: int, b: int) -> int:
@@ -46,7 +71,7 @@ def add(a: int, b: int) -> int:
 
 def format_call(a: int, b: int) -> str:
     """The text of a call of ``add(a, b)``: ``<tool_call>11-3</tool_call>`` for ``add(11, -3)``."""
-    return f"{CALL_OPEN}{int(a)}{'-' if b < 0 else '+'}{abs(int(b))}{CALL_CLOSE}"
+    return CALL_LAYOUT.format(a=int(a), op="-" if b < 0 else "+", abs_b=abs(int(b)))
 
 
 def parse_calls(text: str) -> tuple[str, list[tuple[int, int]]]:
@@ -54,8 +79,16 @@ def parse_calls(text: str) -> tuple[str, list[tuple[int, int]]]:
 
     A marker pair whose inside is not ``<int>+<int>`` or ``<int>-<int>`` is not a call (it stays in the text).
     """
-    calls = [(int(a), int(b) if op == "+" else -int(b)) for a, op, b in _CALL.findall(text)]
+    calls = [(int(m["a"]), int(m["abs_b"]) if m["op"] == "+" else -int(m["abs_b"])) for m in _CALL.finditer(text)]
     return _CALL.sub("", text), calls
+
+
+def call_jinja() -> str:
+    """Jinja that writes the call :func:`format_call` writes, for the call's arguments in the Jinja variable
+    ``args`` (a mapping with ``a`` and ``b``, as in an OpenAI-style ``tool_calls`` entry); it writes nothing for
+    arguments of any other shape. Chat templates write an assistant message's calls with it."""
+    body = "".join(literal + (_FIELDS[field][1] if field else "") for literal, field in _layout_pieces())
+    return "{% if args is mapping and 'a' in args and 'b' in args %}" + body + "{% endif %}"
 
 
 def chain_steps(problem: Problem) -> tuple[int, list[int]]:
