@@ -17,12 +17,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import itertools
-import json
 import os
 import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from benchlib import REPO, write_json
 
 #: the demo's RL critic recipe as pretraining settings, and one change at a time from it
 RECIPE = {"critic_pretrain_lr": 1e-3, "critic_pretrain_epochs": 1, "critic_pretrain_clip": 0.5,
@@ -89,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from verl_group_ppo.demo.cli import DemoOptions, setup_demo
-    from verl_group_ppo.demo.pretrain import PretrainConfig, heldout_batch, policy_batches, pretrain_critic
+    from verl_group_ppo.demo.pretrain import (CriticRecipe, PretrainConfig, PretrainSamples, pretrain_critic,
+                                              pretraining_data)
     from verl_group_ppo.demo.rl import RunConfig
     from verl_group_ppo.tinytask.model import build_critic, build_policy
 
@@ -100,9 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     policy = build_policy(tok.vocab_size, setup.init_state["size"], 0, tok.pad_id, tok.eos_id)
     policy.load_state_dict(setup.init_state["state_dict"])
     t0 = time.time()
-    pool = list(itertools.islice(policy_batches(policy, setup.task, tok, setup.train, cfg.response_len,
-                                                cfg.prompts_per_step, cfg.n_samples), args.steps))
-    held = heldout_batch(policy, setup.task, tok, setup.evals[:cfg.eval_size], cfg.response_len, cfg.eval_samples)
+    batches, held = pretraining_data(policy, setup.task, tok, setup.train, setup.evals, PretrainSamples.of_run(cfg))
+    pool = list(itertools.islice(batches, args.steps))
     print(f"[value pretraining] {len(pool)} batches sampled in {time.time() - t0:.0f}s", flush=True)
     problems = [p for p in setup.evals[:cfg.eval_size] for _ in range(cfg.eval_samples)]
     print(f"[value pretraining] held-out success rate {float(held.rewards.sum(-1).mean()):.3f}; consistency "
@@ -114,16 +113,13 @@ def main(argv: list[str] | None = None) -> int:
         pc = PretrainConfig(critic_pretrain_steps=args.steps, critic_pretrain_eval_every=args.eval_every,
                             **{**RECIPE, **change})
         t0 = time.time()
-        history = pretrain_critic(build_critic(policy, 0).train(), iter(pool), held, pc, gamma=cfg.gamma,
-                                  mini_batch_size=cfg.critic_mini_batch_size, grad_clip=cfg.grad_clip,
-                                  lr_warmup_steps=cfg.lr_warmup_steps, log=lambda m: None)
+        history = pretrain_critic(build_critic(policy, 0).train(), iter(pool), held, pc, CriticRecipe.of_run(cfg),
+                                  log=lambda m: None)
         results[name] = {"settings": dataclasses.asdict(pc), "history": history, "seconds": time.time() - t0}
         curve = " ".join(f"{h['heldout_explained_variance']:.3f}" for h in history)
         print(f"[value pretraining] {name:>28s}: held-out explained variance by step {curve} "
               f"({time.time() - t0:.0f}s)", flush=True)
-    out = args.output or os.path.join(args.setup_dir, "value_pretraining.json")
-    with open(out, "w") as f:
-        json.dump(results, f, indent=1)
+    write_json(args.output or os.path.join(args.setup_dir, "value_pretraining.json"), results)
     return 0
 
 

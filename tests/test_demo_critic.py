@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import itertools
 import math
 
@@ -13,12 +14,16 @@ from test_demo import tiny_setup  # noqa: F401  (the module-scoped tiny task, to
 from verl_group_ppo.config import read_algorithm_settings
 from verl_group_ppo.demo.arms import ARMS, get_arm
 from verl_group_ppo.demo.cli import build_parser, resolve_pretrain
+from verl_group_ppo.demo.optim import minibatches, set_warmup_lr
 from verl_group_ppo.demo.pretrain import (
+    CriticRecipe,
     PretrainConfig,
+    PretrainSamples,
     ScoredBatch,
     heldout_explained_variance,
     policy_batches,
     pretrain_critic,
+    pretrain_key,
     pretrained_critic_state,
 )
 from verl_group_ppo.demo.rl import RunConfig, build_learner, run_one
@@ -73,8 +78,8 @@ def test_pretraining_fits_the_critic_and_logs_held_out_explained_variance(tiny_s
     critic = build_critic(policy, 0)
     assert heldout_explained_variance(critic, data, 1.0) == pytest.approx(0.0, abs=1e-3)  # value head at zero
     pc = PretrainConfig(critic_pretrain_steps=30, critic_pretrain_lr=1e-2, critic_pretrain_eval_every=10)
-    history = pretrain_critic(critic, itertools.repeat(data), data, pc, mini_batch_size=8, lr_warmup_steps=1,
-                              log=lambda m: None)
+    recipe = CriticRecipe(mini_batch_size=8, lr_warmup_steps=1)
+    history = pretrain_critic(critic, itertools.repeat(data), data, pc, recipe, log=lambda m: None)
     assert [h["step"] for h in history] == [0, 10, 20, 30]
     assert history[-1]["heldout_explained_variance"] > 0.3
     assert all(math.isfinite(h["vf_loss"]) for h in history[1:])
@@ -96,6 +101,10 @@ def test_pretrained_critic_is_cached_and_every_critic_arm_starts_from_it(tiny_se
     other, info3 = pretrained_critic_state(dataclasses.replace(pc, critic_pretrain_lr=5e-3), str(tmp_path), "ws-key",
                                            policy, task, tok, train, evals, cfg, logs.append)
     assert not info3["cached"]  # another setting, another cache entry
+    warm_up = dataclasses.replace(cfg, lr_warmup_steps=cfg.lr_warmup_steps + 5)
+    _, info4 = pretrained_critic_state(pc, str(tmp_path), "ws-key", policy, task, tok, train, evals, warm_up,
+                                       logs.append)
+    assert not info4["cached"] and info4["key"] != info["key"]  # the run's warm-up is the pretraining's too
     assert pretrained_critic_state(PretrainConfig(), str(tmp_path), "ws-key", policy, task, tok, train, evals,
                                    cfg) == (None, {})
     from verl_group_ppo.demo.report import _header_lines
@@ -123,3 +132,50 @@ def test_pretraining_flags():
     assert pc.enabled and not resolve_pretrain(build_parser().parse_args([])).enabled
     with pytest.raises(SystemExit, match="critic_pretrain_lam"):
         resolve_pretrain(build_parser().parse_args(["--critic-pretrain-lam", "1.5"]))
+
+
+def test_pretrain_key_covers_every_argument_of_pretrain_critic():
+    # pretrain_critic takes its settings only through pc and recipe; the key reads every field of both, and of the
+    # sampling settings: a field added to any of them is keyed without anyone remembering to
+    params = list(inspect.signature(pretrain_critic).parameters)
+    assert params == ["critic", "batches", "held", "pc", "recipe", "log"]
+    pc, recipe = PretrainConfig(critic_pretrain_steps=5), CriticRecipe()
+    samples = PretrainSamples(24, 4, 2, 1.0, 8, 2)
+    key = pretrain_key(pc, recipe, samples, "ws")
+    assert key == pretrain_key(dataclasses.replace(pc), CriticRecipe(), dataclasses.replace(samples), "ws")
+    for obj in (pc, recipe, samples):
+        for field in dataclasses.fields(obj):
+            value = getattr(obj, field.name)
+            changed = dataclasses.replace(obj, **{field.name: value / 2 if isinstance(value, float) else value + 1})
+            args = [changed if o is obj else o for o in (pc, recipe, samples)]
+            assert pretrain_key(*args, "ws") != key, field.name
+    assert pretrain_key(pc, recipe, samples, "other warm start") != key
+
+
+def test_critic_recipe_and_samples_read_the_run_config():
+    cfg = dataclasses.replace(RunConfig(), lr_warmup_steps=7, critic_mini_batch_size=32, grad_clip=0.5, gamma=0.9)
+    assert CriticRecipe.of_run(cfg) == CriticRecipe(gamma=0.9, mini_batch_size=32, grad_clip=0.5, lr_warmup_steps=7)
+    samples = PretrainSamples.of_run(cfg)
+    assert (samples.prompts_per_step, samples.n_samples, samples.eval_samples) == (
+        cfg.prompts_per_step, cfg.n_samples, cfg.eval_samples)
+
+
+def test_warmup_lr_rises_linearly_then_holds():
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    lrs = []
+    for update in range(6):
+        set_warmup_lr(opt, 0.4, update, 4)
+        lrs.append(opt.param_groups[0]["lr"])
+    assert lrs == pytest.approx([0.1, 0.2, 0.3, 0.4, 0.4, 0.4])
+    set_warmup_lr(opt, 0.4, 0, 0)  # no warm-up
+    assert opt.param_groups[0]["lr"] == 0.4
+
+
+def test_minibatches_cover_every_index_once_per_epoch():
+    batches = list(minibatches(10, 4, 2, torch.Generator().manual_seed(0), "cpu"))
+    assert [len(b) for b in batches] == [4, 4, 2, 4, 4, 2]
+    for epoch in (batches[:3], batches[3:]):
+        assert sorted(torch.cat(epoch).tolist()) == list(range(10))
+    assert not torch.equal(torch.cat(batches[:3]), torch.cat(batches[3:]))  # a fresh order each pass
+    with pytest.raises(ValueError, match="size"):
+        next(minibatches(10, 0, 1, torch.Generator(), "cpu"))

@@ -27,6 +27,7 @@ from verl_group_ppo.tinytask.model import Rollout, build_critic, critic_values, 
 from verl_group_ppo.tinytask.tasks import Problem, Task
 from verl_group_ppo.tinytask.tokenizer import CharTokenizer
 
+from .optim import gradient_step, minibatches, set_warmup_lr
 from .options import option
 
 #: critic loss settings that mean "no value clipping"
@@ -58,6 +59,43 @@ class PretrainConfig:
     @property
     def enabled(self) -> bool:
         return self.critic_pretrain_steps > 0
+
+
+@dataclass(frozen=True)
+class CriticRecipe:
+    """How :func:`pretrain_critic` updates the critic besides :class:`PretrainConfig`: the RL run's critic recipe
+    (discount, mini-batch in responses, gradient clip, learning-rate warm-up) and the shuffling seed."""
+
+    gamma: float = 1.0
+    mini_batch_size: int = 64
+    grad_clip: float = 1.0
+    lr_warmup_steps: int = 10
+    seed: int = 0
+
+    @classmethod
+    def of_run(cls, cfg) -> "CriticRecipe":
+        """The recipe of the run config ``cfg`` (a :class:`~verl_group_ppo.demo.rl.RunConfig`)."""
+        return cls(gamma=cfg.gamma, mini_batch_size=cfg.critic_mini_batch_size, grad_clip=cfg.grad_clip,
+                   lr_warmup_steps=cfg.lr_warmup_steps)
+
+
+@dataclass(frozen=True)
+class PretrainSamples:
+    """What the pretraining batches (``prompts_per_step x n_samples`` responses) and the held-out responses
+    (``eval_size`` prompts x ``eval_samples``) are sampled with."""
+
+    response_len: int
+    prompts_per_step: int
+    n_samples: int
+    temperature: float
+    eval_size: int
+    eval_samples: int
+
+    @classmethod
+    def of_run(cls, cfg) -> "PretrainSamples":
+        """The sampling settings of the resolved run config ``cfg`` (a :class:`~verl_group_ppo.demo.rl.RunConfig`)."""
+        return cls(cfg.response_len, cfg.prompts_per_step, cfg.n_samples, cfg.temperature, cfg.eval_size,
+                   cfg.eval_samples)
 
 
 @dataclass
@@ -102,48 +140,41 @@ def heldout_explained_variance(critic, held: ScoredBatch, gamma: float) -> float
     return explained_variance(returns, values, held.mask)
 
 
-def pretrain_step(critic, opt: torch.optim.Optimizer, batch: ScoredBatch, pc: PretrainConfig, gamma: float,
-                  mini_batch_size: int, shuffle: torch.Generator, grad_clip: float) -> float:
+def pretrain_step(critic, opt: torch.optim.Optimizer, batch: ScoredBatch, pc: PretrainConfig, recipe: CriticRecipe,
+                  shuffle: torch.Generator) -> float:
     """``pc.critic_pretrain_epochs`` passes of verl's clipped value loss (token-mean) over ``batch``; mean loss."""
     from verl.trainer.ppo.core_algos import compute_value_loss
-
-    from .rl import _minibatches
 
     mask = batch.mask
     with torch.no_grad():
         old_values = critic_values(critic, batch.rollout)
-    returns = lambda_returns(batch, old_values, gamma, pc.critic_pretrain_lam)
+    returns = lambda_returns(batch, old_values, recipe.gamma, pc.critic_pretrain_lam)
     losses = []
-    for idx in _minibatches(mask.shape[0], mini_batch_size, pc.critic_pretrain_epochs, shuffle, mask.device):
+    for idx in minibatches(mask.shape[0], recipe.mini_batch_size, pc.critic_pretrain_epochs, shuffle, mask.device):
         vpreds = critic_values(critic, batch.rollout.select(idx))
         loss, _ = compute_value_loss(vpreds, returns[idx], old_values[idx], mask[idx],
                                      cliprange_value=pc.critic_pretrain_clip, loss_agg_mode="token-mean")
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(critic.parameters(), grad_clip)
-        opt.step()
+        gradient_step(opt, loss, critic.parameters(), recipe.grad_clip)
         losses.append(float(loss.detach()))
     return float(np.mean(losses))
 
 
-def pretrain_critic(critic, batches: Iterator[ScoredBatch], held: ScoredBatch, pc: PretrainConfig, *,
-                    gamma: float = 1.0, mini_batch_size: int = 64, grad_clip: float = 1.0, lr_warmup_steps: int = 10,
-                    seed: int = 0, log: Callable[[str], None] = print) -> list[dict]:
+def pretrain_critic(critic, batches: Iterator[ScoredBatch], held: ScoredBatch, pc: PretrainConfig,
+                    recipe: CriticRecipe = CriticRecipe(), log: Callable[[str], None] = print) -> list[dict]:
     """Train ``critic`` in place for ``pc.critic_pretrain_steps`` batches from ``batches``; returns the log:
     ``{"step", "heldout_explained_variance", "vf_loss"}`` at step 0, every ``critic_pretrain_eval_every`` steps
-    and at the last step."""
-    from .rl import _set_lr
-
+    and at the last step. Everything else it depends on is in ``pc`` and ``recipe``, which key the cache
+    (:func:`pretrain_key`)."""
     opt = torch.optim.Adam(critic.parameters(), lr=pc.critic_pretrain_lr)
-    shuffle = torch.Generator().manual_seed(60_000 + seed)
-    history = [{"step": 0, "heldout_explained_variance": heldout_explained_variance(critic, held, gamma)}]
+    shuffle = torch.Generator().manual_seed(60_000 + recipe.seed)
+    history = [{"step": 0, "heldout_explained_variance": heldout_explained_variance(critic, held, recipe.gamma)}]
     log(f"[critic pretrain] step 0: held-out explained variance {history[0]['heldout_explained_variance']:.3f}")
     losses: list[float] = []
     for step in range(1, pc.critic_pretrain_steps + 1):
-        _set_lr(opt, pc.critic_pretrain_lr, step - 1, lr_warmup_steps)
-        losses.append(pretrain_step(critic, opt, next(batches), pc, gamma, mini_batch_size, shuffle, grad_clip))
+        set_warmup_lr(opt, pc.critic_pretrain_lr, step - 1, recipe.lr_warmup_steps)
+        losses.append(pretrain_step(critic, opt, next(batches), pc, recipe, shuffle))
         if step % pc.critic_pretrain_eval_every == 0 or step == pc.critic_pretrain_steps:
-            ev = heldout_explained_variance(critic, held, gamma)
+            ev = heldout_explained_variance(critic, held, recipe.gamma)
             history.append({"step": step, "heldout_explained_variance": ev, "vf_loss": float(np.mean(losses))})
             losses = []
             log(f"[critic pretrain] step {step}: held-out explained variance {ev:.3f}")
@@ -170,9 +201,20 @@ def heldout_batch(policy, task: Task, tok: CharTokenizer, evals: list[Problem], 
                          temperature)
 
 
-def pretrain_key(pc: PretrainConfig, warmstart_key: str, extra: dict) -> str:
-    """Cache key of a pretrained critic: its settings, the warm start's key and the sampling settings."""
-    blob = json.dumps([asdict(pc), warmstart_key, extra, 1], sort_keys=True, default=str)
+def pretraining_data(policy, task: Task, tok: CharTokenizer, train: list[Problem], evals: list[Problem],
+                     samples: PretrainSamples) -> tuple[Iterator[ScoredBatch], ScoredBatch]:
+    """(endless training batches, the held-out responses) of ``policy``, sampled as ``samples`` says."""
+    held = heldout_batch(policy, task, tok, evals[:samples.eval_size], samples.response_len, samples.eval_samples,
+                         samples.temperature)
+    batches = policy_batches(policy, task, tok, train, samples.response_len, samples.prompts_per_step,
+                             samples.n_samples, temperature=samples.temperature)
+    return batches, held
+
+
+def pretrain_key(pc: PretrainConfig, recipe: CriticRecipe, samples: PretrainSamples, warmstart_key: str) -> str:
+    """Cache key of a pretrained critic: every setting :func:`pretrain_critic` receives (``pc``, ``recipe``), how
+    its data were sampled (``samples``) and from which warm start (``warmstart_key``)."""
+    blob = json.dumps([asdict(pc), asdict(recipe), asdict(samples), warmstart_key], sort_keys=True, default=str)
     return hashlib.sha1(blob.encode()).hexdigest()[:12]
 
 
@@ -205,16 +247,7 @@ def pretrained_critic_state(pc: PretrainConfig, cache_dir: str, warmstart_key: s
     :class:`~verl_group_ppo.demo.rl.RunConfig`), or (None, {}) when pretraining is off."""
     if not pc.enabled:
         return None, {}
-    extra = {"response_len": cfg.response_len, "prompts_per_step": cfg.prompts_per_step, "n_samples": cfg.n_samples,
-             "gamma": cfg.gamma, "mini_batch": cfg.critic_mini_batch_size, "temperature": cfg.temperature,
-             "grad_clip": cfg.grad_clip, "eval_size": cfg.eval_size, "eval_samples": cfg.eval_samples}
-    held = heldout_batch(policy, task, tok, evals[:cfg.eval_size], cfg.response_len, cfg.eval_samples,
-                         cfg.temperature)
-    batches = policy_batches(policy, task, tok, train, cfg.response_len, cfg.prompts_per_step, cfg.n_samples,
-                             temperature=cfg.temperature)
-
-    def train_fn(critic):
-        return pretrain_critic(critic, batches, held, pc, gamma=cfg.gamma, mini_batch_size=cfg.critic_mini_batch_size,
-                               grad_clip=cfg.grad_clip, lr_warmup_steps=cfg.lr_warmup_steps, log=log)
-
-    return load_or_pretrain_critic(cache_dir, pretrain_key(pc, warmstart_key, extra), policy, train_fn, log)
+    recipe, samples = CriticRecipe.of_run(cfg), PretrainSamples.of_run(cfg)
+    batches, held = pretraining_data(policy, task, tok, train, evals, samples)
+    return load_or_pretrain_critic(cache_dir, pretrain_key(pc, recipe, samples, warmstart_key), policy,
+                                   lambda critic: pretrain_critic(critic, batches, held, pc, recipe, log), log)

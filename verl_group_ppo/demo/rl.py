@@ -28,6 +28,7 @@ from verl_group_ppo.tinytask.tasks import Problem, Task
 from verl_group_ppo.tinytask.tokenizer import CharTokenizer
 
 from .arms import BOUNDARIES, AdvantageInputs, Advantages, Arm, get_arm
+from .optim import gradient_step, minibatches, set_warmup_lr
 from .options import option
 
 
@@ -196,20 +197,6 @@ def compute_advantages(learner: Learner, batch: StepBatch) -> Advantages:
     return adv
 
 
-def _minibatches(n: int, size: int, epochs: int, generator: torch.Generator, device):
-    """Index tensors of shuffled mini-batches: ``epochs`` passes over ``range(n)``, a fresh order each."""
-    for _ in range(epochs):
-        perm = torch.randperm(n, generator=generator).to(device)
-        for start in range(0, n, min(size, n)):
-            yield perm[start:start + size]
-
-
-def _set_lr(opt: torch.optim.Optimizer, base_lr: float, updates_so_far: int, warmup: int) -> None:
-    """Linear learning-rate warm-up over the optimiser's first ``warmup`` updates (fresh Adam moments are noisy)."""
-    for g in opt.param_groups:
-        g["lr"] = base_lr * min(1.0, (updates_so_far + 1) / max(1, warmup))
-
-
 def update_critic(learner: Learner, batch: StepBatch, adv: Advantages, cfg: RunConfig) -> dict[str, float]:
     """verl's clipped value loss toward ``adv.returns``, on all response tokens or (``boundaries``) with
     GROUP-PPO's per-token weights N_valid/N_boundary, token-mean over the mini-batch's response tokens."""
@@ -217,7 +204,7 @@ def update_critic(learner: Learner, batch: StepBatch, adv: Advantages, cfg: RunC
 
     mask, values = batch.mask, batch.values
     losses, clipfracs = [], []
-    for idx in _minibatches(mask.shape[0], cfg.critic_mini_batch_size, cfg.ppo_epochs, learner.critic_shuffle,
+    for idx in minibatches(mask.shape[0], cfg.critic_mini_batch_size, cfg.ppo_epochs, learner.critic_shuffle,
                             mask.device):
         vpreds = critic_values(learner.critic, batch.rollout.select(idx))
         if learner.arm.critic_loss_on == BOUNDARIES:
@@ -227,10 +214,7 @@ def update_critic(learner: Learner, batch: StepBatch, adv: Advantages, cfg: RunC
         else:
             loss, clipfrac = compute_value_loss(vpreds, adv.returns[idx], values[idx], mask[idx],
                                                 cliprange_value=cfg.cliprange_value, loss_agg_mode="token-mean")
-        learner.critic_opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(learner.critic.parameters(), cfg.grad_clip)
-        learner.critic_opt.step()
+        gradient_step(learner.critic_opt, loss, learner.critic.parameters(), cfg.grad_clip)
         losses.append(float(loss.detach()))
         clipfracs.append(float(clipfrac))
     return {"critic/vf_loss": float(np.mean(losses)), "critic/vf_clipfrac": float(np.mean(clipfracs))}
@@ -249,21 +233,18 @@ def update_actor(learner: Learner, batch: StepBatch, adv: Advantages, cfg: RunCo
     policy_loss_fn, loss_cfg = get_policy_loss_fn("vanilla"), _actor_loss_config(cfg)
     mask, old = batch.mask, batch.old_log_probs
     logs: dict[str, list[float]] = {k: [] for k in ("pg_loss", "pg_clipfrac", "ppo_kl", "entropy", "grad_norm")}
-    for idx in _minibatches(mask.shape[0], cfg.mini_batch_size, cfg.ppo_epochs, learner.actor_shuffle,
+    for idx in minibatches(mask.shape[0], cfg.mini_batch_size, cfg.ppo_epochs, learner.actor_shuffle,
                             mask.device):
         sub_mask = mask[idx]
         logp, entropy = log_probs_and_entropy(learner.policy, batch.rollout.select(idx), with_entropy=True)
         pg_loss, pg_metrics = policy_loss_fn(old[idx], logp, adv.advantages[idx], sub_mask,
                                              loss_agg_mode="token-mean", config=loss_cfg)
-        learner.actor_opt.zero_grad(set_to_none=True)
-        pg_loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(learner.policy.parameters(), cfg.grad_clip)
-        learner.actor_opt.step()
+        grad_norm = gradient_step(learner.actor_opt, pg_loss, learner.policy.parameters(), cfg.grad_clip)
         logs["pg_loss"].append(float(pg_loss.detach()))
         logs["pg_clipfrac"].append(float(pg_metrics["actor/pg_clipfrac"]))
         logs["ppo_kl"].append(float(pg_metrics["actor/ppo_kl"]))
         logs["entropy"].append(float((entropy.detach() * sub_mask).sum() / sub_mask.sum().clamp(min=1)))
-        logs["grad_norm"].append(float(grad_norm))
+        logs["grad_norm"].append(grad_norm)
     return {f"actor/{k}": float(np.mean(v)) for k, v in logs.items()}
 
 
@@ -331,10 +312,10 @@ def train_step(learner: Learner, step: int, cfg: RunConfig, task: Task, tok: Cha
     adv = compute_advantages(learner, batch)
     updates: dict[str, float] = {}
     if learner.critic is not None:  # critic first, as verl's trainer does
-        _set_lr(learner.critic_opt, cfg.critic_lr, step - 1, cfg.lr_warmup_steps)
+        set_warmup_lr(learner.critic_opt, cfg.critic_lr, step - 1, cfg.lr_warmup_steps)
         updates.update(update_critic(learner, batch, adv, cfg))
     if step > cfg.critic_warmup:
-        _set_lr(learner.actor_opt, cfg.actor_lr, step - 1 - cfg.critic_warmup, cfg.lr_warmup_steps)
+        set_warmup_lr(learner.actor_opt, cfg.actor_lr, step - 1 - cfg.critic_warmup, cfg.lr_warmup_steps)
         updates.update(update_actor(learner, batch, adv, cfg))
     rec = step_record(learner, step, batch, adv, updates)
     rec["time/gen_s"] = t_gen
