@@ -328,6 +328,26 @@ def test_inputs_are_not_mutated_and_no_graph_is_built():
     assert torch.equal(one_row, one_row_copy)
 
 
+@pytest.mark.parametrize("group", [{}, {"critic_lam": 0.5}, {"policy_loss_on": "endpoints"},
+                                   {"within_group": "per_token", "length_adaptive_alpha": 0.1}])
+def test_the_pass_leaves_its_time_major_copies_of_the_inputs_as_they_were(group):
+    """The validated inputs (``_Batch``) are plain copies: the pass reads them and writes its results elsewhere,
+    whether the critic's and the policy's recursions are one (the first case) or two."""
+    import verl_group_ppo.core_algos as core
+
+    rewards, mask, values, olp, index = make_batch(43, 5, 21, "holes", junk=True)
+    settings = algo_settings(0.97, 0.9, adv_norm="prompt", **group)
+    batch = core._prepare(rewards, mask, values, index, olp, settings.group)
+    before = [x.clone() for x in (batch.rewards_tm, batch.values_tm, batch.valid_tm, batch.invalid_tm)]
+    segments = core._segment_advantages(batch, settings, 1.0)
+    after = (batch.rewards_tm, batch.values_tm, batch.valid_tm, batch.invalid_tm)
+    assert all(torch.equal(a.nan_to_num(7.0, 7.0, 7.0), b.nan_to_num(7.0, 7.0, 7.0)) for a, b in zip(before, after))
+    assert torch.equal(before[0].t().nan_to_num(7.0, 7.0, 7.0), rewards.nan_to_num(7.0, 7.0, 7.0))
+    out = compute_group_ppo_outputs(rewards, mask, values=values, index=index, old_log_probs=olp, settings=settings,
+                                    threshold=1.0)
+    assert torch.equal(segments.advantages, out.advantages) and torch.equal(segments.returns, out.returns)
+
+
 @pytest.mark.parametrize("rule", ["variance", "fixed", "low_prob", "turn"])
 def test_torch_loop_backend_equals_numpy_backend(monkeypatch, rule):
     """The per-step loops run on numpy views on CPU and with torch ops elsewhere (CUDA): same results."""

@@ -6,12 +6,14 @@ of the group. docs/algorithm.md explains the steps cited below ("step N") with a
 
 Where a token's advantage comes from: :func:`compute_group_ppo_outputs` runs steps 1-6 in order:
 :func:`_td_residuals` (1), :func:`_group_ends` (2), :func:`endpoints_to_group_ids` (3),
-:func:`_segment_gae_` and :func:`_broadcast_from_starts_` (4; ``within_group: per_token`` skips the
-broadcast and keeps each token's own X), :func:`create_critic_endpoint_mask` (5),
-:func:`_normalize_advantages_` (6); :class:`AdaptiveThreshold` then moves tau for the next batch.
-Two policy-side options change only the advantages: ``length_adaptive_alpha`` gives each response its own
-policy lambda (:func:`length_adaptive_lambda`, VAPO's rule), and ``policy_loss_on: endpoints`` replaces the
-group advantages by token-level GAE kept only at group endpoints (:func:`_keep_at_endpoints_`).
+:func:`_segment_gaes` (4: the critic's segment GAE, giving the returns, and the policy's, each a
+:func:`_segment_gae_`), :func:`create_critic_endpoint_mask` (5), :func:`_normalize_advantages_` (6);
+:class:`AdaptiveThreshold` then moves tau for the next batch. The policy side, picked once by
+:func:`_policy_side`, says how the policy's segment GAE is cut and what becomes of its X: broadcast from
+each group's first token (:func:`_broadcast_advantages`, the default), kept per token
+(``within_group: per_token``, :func:`_own_advantages`), or token-level GAE kept only at group endpoints
+(``policy_loss_on: endpoints``, :func:`_endpoint_advantages`). ``length_adaptive_alpha`` gives each
+response its own policy lambda (:func:`length_adaptive_lambda`, VAPO's rule).
 :func:`boundary_loss_weights` gives step 7's critic-loss weights. The ``group/*`` metrics are computed in
 :mod:`verl_group_ppo.metrics`; the settings and their defaults live in :mod:`verl_group_ppo.config`.
 
@@ -32,7 +34,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Callable, NamedTuple, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -426,35 +428,117 @@ def _resolve_threshold(threshold: Optional[float], params: GroupParams) -> float
 
 
 def _segment_advantages(batch: _Batch, settings: AlgorithmSettings, tau: float) -> _Segments:
-    """Steps 1, 2, 4 and 6: advantages (with the policy lambda) and returns (with ``critic_lam``).
+    """Steps 1, 2, 4 and 6: the group ends, the critic's returns and the advantages.
 
-    ``policy_loss_on: endpoints`` runs the advantages' recursion with every valid token as its own step
-    (token-level GAE), normalises them, then keeps them at the group endpoints only (scaled).
+    The returns come from the groups' segment GAE with ``critic_lam``. The advantages come from the policy
+    side the settings pick (:func:`_policy_side`): a segment GAE with its own cuts and the policy lambda,
+    then what that side does with X, normalised.
     """
-    gamma, params = settings.gamma, settings.group
-    x = _td_residuals(batch, gamma)  # step 1, a fresh buffer
-    ends = _group_ends(x, batch, params, tau)  # step 2
-    starts = _group_starts(ends, batch.valid_tm)  # group starts (= critic slots)
-    token_level = params.policy_loss_on == "endpoints"
-    policy_ends, policy_starts = (torch.ones_like(ends), batch.valid_tm) if token_level else (ends, starts)
+    delta = _td_residuals(batch, settings.gamma)  # step 1, a fresh buffer
+    ends = _group_ends(delta, batch, settings.group, tau)  # step 2
+    side = _policy_side(settings.group)
     policy_lam = _policy_lambda(batch, settings)
-    shared = not token_level and isinstance(policy_lam, float) and policy_lam == settings.critic_lam
-    x_critic = x if shared else x.clone()
-    _segment_gae_(x, policy_ends, batch.invalid_tm, gamma, policy_lam)  # step 4: x becomes X
-    if x_critic is not x:
-        _segment_gae_(x_critic, ends, batch.invalid_tm, gamma, settings.critic_lam)
-    returns = torch.add(x_critic, batch.values_tm, out=batch.rewards_tm)  # rewards are no longer needed
-    returns = _to_batch_major(returns.masked_fill_(batch.invalid_tm, 0.0))
-    groups = _locate_groups(policy_starts, x) if params.adv_norm == "prompt" else None
-    if params.within_group == "broadcast" and not token_level:
-        _broadcast_from_starts_(x, starts)  # A_k to every token of group k
-    # per_token keeps X_i as token i's own advantage: lambda at group ends only (SAE's estimator)
-    x.masked_fill_(batch.invalid_tm, 0.0)
-    _normalize_advantages_(x, batch.invalid_tm, batch.n_valid, groups, batch.index, params.adv_norm,
-                           settings.norm_adv_by_std_in_grpo, params.group_epsilon)  # step 6
-    if token_level:
-        _keep_at_endpoints_(x, ends & batch.valid_tm, batch.n_valid)
-    return _Segments(_to_batch_major(x), returns, ends, _mean_lambda(policy_lam, batch.valid_bt))
+    returns, x = _segment_gaes(delta, batch, settings.gamma, (ends, settings.critic_lam),
+                               (side.cuts(ends), policy_lam))  # step 4
+    advantages = side.advantages(x, ends, batch, settings)  # step 4's output, step 6
+    return _Segments(_to_batch_major(advantages), returns, ends, _mean_lambda(policy_lam, batch.valid_bt))
+
+
+_Recursion = tuple[torch.Tensor, Union[float, torch.Tensor]]  # (cuts (T, B) bool, lambda: float or (B,))
+
+
+def _segment_gaes(delta: torch.Tensor, batch: _Batch, gamma: float, critic: _Recursion,
+                  policy: _Recursion) -> tuple[torch.Tensor, torch.Tensor]:
+    """Step 4 for the critic and for the policy, from the TD residuals ``delta`` (T, B), which it consumes.
+
+    Returns ``(returns, x)``: the critic's segment lambda-returns ``X + V`` (B, T), a new tensor, 0 at masked
+    positions; and the policy's X (T, B) in ``delta``'s buffer, for the caller to finish in place. Each of
+    ``critic`` and ``policy`` is (cuts, lambda) of :func:`_segment_gae_`. The one place a buffer serves twice:
+    when the two recursions are the same (equal cuts, one scalar lambda) it runs once and the returns are
+    read from it before it is handed on; otherwise the critic's recursion runs in a copy of ``delta``.
+    """
+    (ends, critic_lam), (cuts, policy_lam) = critic, policy
+    if isinstance(policy_lam, float) and policy_lam == critic_lam and torch.equal(cuts, ends):
+        _segment_gae_(delta, ends, batch.invalid_tm, gamma, critic_lam)
+        return _returns(delta, batch), delta
+    x_critic = delta.clone()
+    _segment_gae_(x_critic, ends, batch.invalid_tm, gamma, critic_lam)
+    _segment_gae_(delta, cuts, batch.invalid_tm, gamma, policy_lam)
+    return _returns(x_critic, batch), delta
+
+
+def _returns(x_tm: torch.Tensor, batch: _Batch) -> torch.Tensor:
+    """``X + V`` from the critic's X (T, B): (B, T), a new tensor, 0 at masked positions."""
+    return _to_batch_major(torch.add(x_tm, batch.values_tm).masked_fill_(batch.invalid_tm, 0.0))
+
+
+# --------------------------------------------------------------------------------------------------
+# the policy side: how the advantages are made from the TD residuals, one entry per option
+
+
+class _PolicySide(NamedTuple):
+    """One way of making the advantages: ``cuts`` gives its segment GAE's cuts (T, B) bool from the group
+    ends (T, B); ``advantages(x, ends, batch, settings)`` turns that GAE's X (T, B) into the normalised
+    advantages (T, B), in place, and returns them."""
+
+    cuts: Callable[[torch.Tensor], torch.Tensor]
+    advantages: Callable[[torch.Tensor, torch.Tensor, _Batch, AlgorithmSettings], torch.Tensor]
+
+
+def _group_cuts(ends_tm: torch.Tensor) -> torch.Tensor:
+    """Cut at the group ends: lambda once per group (segment GAE)."""
+    return ends_tm
+
+
+def _token_cuts(ends_tm: torch.Tensor) -> torch.Tensor:
+    """Cut at every token: token-level GAE."""
+    return torch.ones_like(ends_tm)
+
+
+def _broadcast_advantages(x: torch.Tensor, ends_tm: torch.Tensor, batch: _Batch,
+                          settings: AlgorithmSettings) -> torch.Tensor:
+    """``within_group: broadcast``: every token of group k gets A_k, X at the group's first token."""
+    starts = _group_starts(ends_tm, batch.valid_tm)
+    groups = _prompt_groups(starts, x, settings)  # read before the broadcast
+    _broadcast_from_starts_(x, starts)
+    _normalize_advantages_(x, batch, settings, groups)  # step 6
+    return x
+
+
+def _own_advantages(x: torch.Tensor, ends_tm: torch.Tensor, batch: _Batch,
+                    settings: AlgorithmSettings) -> torch.Tensor:
+    """``within_group: per_token``: every token keeps its own X, lambda at group ends only (SAE's estimator)."""
+    groups = _prompt_groups(_group_starts(ends_tm, batch.valid_tm), x, settings)
+    _normalize_advantages_(x, batch, settings, groups)  # step 6
+    return x
+
+
+def _endpoint_advantages(x: torch.Tensor, ends_tm: torch.Tensor, batch: _Batch,
+                         settings: AlgorithmSettings) -> torch.Tensor:
+    """``policy_loss_on: endpoints``: token-level GAE normalised (each token its own group), then 0 off the
+    group endpoints and ``N_valid / N_endpoints`` times itself at them (both over the whole batch), so that
+    verl's token-mean over the valid tokens equals the mean over the endpoints."""
+    groups = _prompt_groups(batch.valid_tm, x, settings)
+    _normalize_advantages_(x, batch, settings, groups)  # step 6
+    endpoints = ends_tm & batch.valid_tm
+    n_endpoints = int(torch.count_nonzero(endpoints))
+    x.masked_fill_(~endpoints, 0.0)
+    if n_endpoints:
+        x.mul_(batch.n_valid / n_endpoints)
+    return x
+
+
+_POLICY_SIDES = {
+    "broadcast": _PolicySide(_group_cuts, _broadcast_advantages),
+    "per_token": _PolicySide(_group_cuts, _own_advantages),
+    "endpoints": _PolicySide(_token_cuts, _endpoint_advantages),
+}
+
+
+def _policy_side(params: GroupParams) -> _PolicySide:
+    """The one place the policy-side settings are read: ``policy_loss_on: endpoints`` (validated to come with
+    ``within_group: broadcast``), else ``within_group``."""
+    return _POLICY_SIDES["endpoints" if params.policy_loss_on == "endpoints" else params.within_group]
 
 
 def _policy_lambda(batch: _Batch, settings: AlgorithmSettings) -> Union[float, torch.Tensor]:
@@ -474,14 +558,10 @@ def _mean_lambda(lam: Union[float, torch.Tensor], valid_bt: torch.Tensor) -> flo
     return float(lam[rows].mean()) if bool(rows.any()) else math.nan
 
 
-def _keep_at_endpoints_(x: torch.Tensor, endpoints_tm: torch.Tensor, n_valid: int) -> None:
-    """``policy_loss_on: endpoints``, in place on the (T, B) advantages: 0 off the endpoints (T, B bool), and
-    ``N_valid / N_endpoints`` (both over the whole batch) times the advantage at them, so that verl's
-    token-mean over the valid tokens equals the mean over the endpoints."""
-    n_endpoints = int(torch.count_nonzero(endpoints_tm))
-    x.masked_fill_(~endpoints_tm, 0.0)
-    if n_endpoints:
-        x.mul_(n_valid / n_endpoints)
+def _prompt_groups(starts_tm: torch.Tensor, x_tm: torch.Tensor, settings: AlgorithmSettings) -> Optional[_Groups]:
+    """The groups ``adv_norm: prompt`` takes its statistics over (starting at ``starts_tm`` (T, B), with X
+    read there); None for the other modes."""
+    return _locate_groups(starts_tm, x_tm) if settings.group.adv_norm == "prompt" else None
 
 
 def _prepare(rewards, response_mask, values, index, old_log_probs, params: GroupParams) -> _Batch:
@@ -618,7 +698,7 @@ def _segment_gae_(x: torch.Tensor, ends_tm: torch.Tensor, invalid_tm: torch.Tens
     a float or a (B,) tensor of per-response lambdas in ``x``'s dtype.
     """
     T, B = x.shape
-    lam_ = _scalar(lam, x) if isinstance(lam, float) else lam
+    lam_ = lam if isinstance(lam, torch.Tensor) else _scalar(float(lam), x)
     factor = torch.where(ends_tm, gamma * lam_, _scalar(gamma, x)).masked_fill_(invalid_tm, 1.0)
     tmp = torch.empty((B,), dtype=x.dtype, device=x.device)
     xp, (x_, f_, tmp_) = _array_backend(x, factor, tmp)
@@ -636,28 +716,30 @@ def _broadcast_from_starts_(x: torch.Tensor, starts_tm: torch.Tensor) -> None:
         _select(xp, not_start_[t], x_[t - 1], x_[t], out=x_[t])
 
 
-def _normalize_advantages_(x, invalid_tm, n_valid: int, groups: Optional[_Groups], index: Optional[np.ndarray], mode: str,
-                           norm_by_std: bool, eps: float) -> None:
-    """Step 6 normalisation, in place on the broadcast advantages ``x`` (T, B), 0 at masked positions.
+def _normalize_advantages_(x: torch.Tensor, batch: _Batch, settings: AlgorithmSettings,
+                           groups: Optional[_Groups]) -> None:
+    """Step 6, in place on the advantages ``x`` (T, B): 0 at masked positions, then per ``adv_norm``.
 
     ``batch``: verl's ``masked_whiten`` over valid tokens (mean = sum / (n + 1e-8), Bessel-corrected
     variance, ``(x - mean) * rsqrt(var + 1e-8)``), skipped with fewer than 2 valid tokens.
-    ``prompt``: per prompt id, mean and Bessel std over its group advantages (each group once; a prompt
+    ``prompt``: per prompt id, mean and Bessel std over ``groups``' advantages (each group once; a prompt
     with one group gets mean 0, std 1); ``(A - mean) / (std + eps)``, or ``A - mean`` without std scaling.
     """
-    if mode == "none":
-        return
-    if mode == "batch":
-        n = n_valid
-        if n < 2:
-            return
+    invalid_tm, mode = batch.invalid_tm, settings.group.adv_norm
+    x.masked_fill_(invalid_tm, 0.0)
+    if mode == "batch" and batch.n_valid >= 2:
+        n = batch.n_valid
         mean = x.sum() / (n + 1e-8)
         x.sub_(mean).masked_fill_(invalid_tm, 0.0)
         var = sum_of_squares(x) / (n + 1e-8) * (n / (n - 1))
         x.mul_(1.0 / math.sqrt(var + 1e-8)).masked_fill_(invalid_tm, 0.0)
-        return
-    # prompt: statistics over group advantages, one per group
-    group_adv = groups.advantage
+    elif mode == "prompt":
+        _normalize_by_prompt_(x, batch, groups, settings.norm_adv_by_std_in_grpo, settings.group.group_epsilon)
+
+
+def _normalize_by_prompt_(x: torch.Tensor, batch: _Batch, groups: _Groups, norm_by_std: bool, eps: float) -> None:
+    """``adv_norm: prompt`` in place on ``x`` (T, B), 0 at masked positions (see :func:`_normalize_advantages_`)."""
+    group_adv, index = groups.advantage, batch.index
     row_pid = torch.as_tensor(index, device=x.device)
     pid = row_pid[groups.rows]
     n_prompts = int(index.max()) + 1 if len(index) else 0
@@ -669,7 +751,7 @@ def _normalize_advantages_(x, invalid_tm, n_valid: int, groups: Optional[_Groups
     x.sub_(mean[row_pid])
     if norm_by_std:
         x.div_(std[row_pid] + eps)
-    x.masked_fill_(invalid_tm, 0.0)
+    x.masked_fill_(batch.invalid_tm, 0.0)
 
 
 def _boundary_weights(critic_mask: torch.Tensor, n_counted: int, n_boundary: int) -> torch.Tensor:
