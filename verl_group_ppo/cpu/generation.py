@@ -75,8 +75,11 @@ def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.T
     """Set logits [B, V] outside each row's top-k / top-p nucleus to ``-inf``.
 
     ``top_k`` [B] (int, <= 0: no limit), ``top_p`` [B] (float in (0, 1]). The most likely token always
-    survives. Returns a new tensor [B, V].
+    survives. Returns a new tensor [B, V] (``logits`` itself when no row limits anything: the sort over a real
+    vocabulary is the costliest part of a sampling step).
     """
+    if bool(((top_k <= 0) | (top_k >= logits.shape[-1])).all()) and bool((top_p >= 1.0).all()):
+        return logits
     sorted_logits, order = logits.sort(dim=-1, descending=True)
     rank = torch.arange(logits.shape[-1], device=logits.device).expand_as(logits)
     k = torch.where(top_k > 0, top_k, torch.full_like(top_k, logits.shape[-1]))
@@ -139,7 +142,10 @@ def generate_batch(model: Any, requests: Sequence[SamplingRequest], eos_token_id
     temperature, top_k, top_p, budget = (t.to(device) for t in _settings(requests))
     eos = torch.tensor(sorted(set(eos_token_ids)), dtype=torch.long, device=device)
     positions = position_ids_from_mask(attention_mask)
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=True)
+    # logits of the last position only: the prompt's other logits are never read ([B, L, V] for a real vocabulary
+    # is the largest tensor of the whole generation)
+    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=True,
+                logits_to_keep=1)
     tokens, logprobs, done = [], [], torch.zeros(len(requests), dtype=torch.bool, device=device)
     ended_at_eos, aborted = done.clone(), done.clone()
     for step in range(int(budget.max())):
