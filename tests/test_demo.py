@@ -162,6 +162,47 @@ def test_each_estimator_runs_a_few_steps(tiny_setup, estimator):
         assert "group/num_groups" not in res["history"][0]
 
 
+def test_endpoint_loss_arm_puts_the_actor_loss_on_group_endpoints_only(tiny_setup):
+    """The ``endpoint_loss`` arm on a real demo batch, through the demo's own loss settings: the gradient of the
+    actor loss reaches the group endpoints and no other token (at ratio 1 it is -A / N_valid), and for any policy
+    the loss equals verl's loss with token-level GAE advantages and the endpoints as the loss mask."""
+    import dataclasses
+
+    from verl.trainer.ppo.core_algos import get_policy_loss_fn
+
+    from verl_group_ppo.core_algos import compute_group_ppo_outputs
+    from verl_group_ppo.demo.rl import _actor_loss_config, build_learner, collect, compute_advantages
+    from verl_group_ppo.tinytask.model import critic_values
+
+    task, tok, train, _, init, cfg = tiny_setup
+    cfg = cfg.resolved(task)
+    learner = build_learner(ARMS["endpoint_loss"], 0, cfg, tok, init, "cpu")
+    batch = collect(learner, cfg, task, tok, train)
+    with torch.no_grad():  # a non-zero value head: non-zero advantages whatever the rewards
+        learner.critic.score.weight.normal_(0.0, 0.5, generator=torch.Generator().manual_seed(0))
+        batch.values = critic_values(learner.critic, batch.rollout)
+    adv = compute_advantages(learner, batch)
+    mask, endpoints = batch.mask, adv.groups.endpoint_mask
+    assert 0 < int(endpoints.sum()) < int(mask.sum())  # groups longer than one token: the choice of tokens matters
+    loss_fn, loss_cfg = get_policy_loss_fn("vanilla"), _actor_loss_config(cfg)
+
+    def actor_loss(new_log_probs, advantages, loss_mask):
+        return loss_fn(batch.old_log_probs, new_log_probs, advantages, loss_mask, loss_agg_mode="token-mean",
+                       config=loss_cfg)[0]
+
+    at_old = batch.old_log_probs.clone().requires_grad_(True)
+    (grad,) = torch.autograd.grad(actor_loss(at_old, adv.advantages, mask), at_old)
+    assert bool((adv.advantages[endpoints] != 0).all())
+    assert torch.equal(grad != 0, endpoints)
+    torch.testing.assert_close(grad, -adv.advantages * mask / mask.sum())
+    token_level = dataclasses.replace(learner.settings, group=dataclasses.replace(
+        learner.settings.group, group_max_size=1, policy_loss_on="all_tokens"))
+    token_adv = compute_group_ppo_outputs(batch.rewards, mask, values=batch.values, settings=token_level,
+                                          index=batch.index).advantages.float()
+    moved = batch.old_log_probs + 0.3 * torch.randn(mask.shape, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(actor_loss(moved, adv.advantages, mask), actor_loss(moved, token_adv, mask * endpoints))
+
+
 def test_same_seed_same_run(tiny_setup):
     task, tok, train, evals, init, cfg = tiny_setup
     a = run_one("group_ppo", 7, cfg, task, tok, train, evals, init)

@@ -145,6 +145,23 @@ def test_length_adaptive_lambda_equals_the_per_response_loop_reference(rule, mas
     assert out.metrics["group/policy_lam"] == pytest.approx(sum(nonempty) / len(nonempty))
 
 
+def test_reference_with_per_response_lambdas_and_no_critic_lam_keeps_the_returns_on_lam():
+    """The loop reference: ``critic_lam`` None means ``lam`` with ``policy_lams`` too, as the settings read
+    ``critic_lam: null`` beside ``length_adaptive_alpha``; a wrong number of lambdas is named."""
+    rewards, mask, values, olp, index = make_batch(23, 6, 20, "holes", dense=False, junk=True)
+    lams = vapo_lambdas(mask, 0.2)
+    common = dict(gamma=0.98, lam=0.6, threshold=1.5, group_max_size=5, adv_norm="batch", policy_lams=lams)
+    implicit = reference_group_ppo(rewards, mask, values, **common)
+    explicit = reference_group_ppo(rewards, mask, values, critic_lam=0.6, **common)
+    assert torch.equal(implicit.returns, explicit.returns) and torch.equal(implicit.advantages, explicit.advantages)
+    out = compute_group_ppo_outputs(rewards, mask, values=values, index=index, threshold=1.5,
+                                    settings=algo_settings(0.98, 0.6, group_max_size=5, length_adaptive_alpha=0.2))
+    assert_close(out.returns, implicit.returns)
+    assert_close(out.advantages, implicit.advantages)
+    with pytest.raises(ValueError, match="policy_lams"):
+        reference_group_ppo(rewards, mask, values, **{**common, "policy_lams": lams[:-1]})
+
+
 @pytest.mark.parametrize("mask_kind", ["prefix", "holes"])
 def test_length_adaptive_lambda_at_tau_0_is_per_response_decoupled_gae(mask_kind):
     rewards, mask, values, _, index = make_batch(13, 6, 45, mask_kind, junk=False)
