@@ -36,10 +36,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from verl_group_ppo.logs import parse_step_metrics
+from benchlib import REPO, run_launcher
 
-REPO = Path(__file__).resolve().parents[1]
-LAUNCHER = REPO / "examples" / "cpu" / "common.sh"
 TINY_RUNS = (("hf", "fp32", []), ("vllm", "fp32", ["actor_rollout_ref.rollout.dtype=float32"]),
              ("vllm", "bf16", ["actor_rollout_ref.rollout.dtype=bfloat16"]))  # bf16: verl's default rollout.dtype
 
@@ -47,36 +45,18 @@ TINY_RUNS = (("hf", "fp32", []), ("vllm", "fp32", ["actor_rollout_ref.rollout.dt
 # ---------------------------------------------------------------------------------------------- tiny task
 
 
-def run_tiny(work_dir: Path, steps: int, backend: str, extra: list[str]) -> dict:
-    """One launcher run; its start-up seconds and per-step metrics."""
-    env = {**os.environ, "WORK_DIR": str(work_dir), "PYTHON": sys.executable}
-    with tempfile.TemporaryDirectory() as ckpt:
-        start = time.perf_counter()
-        proc = subprocess.run(["bash", str(LAUNCHER), "group_ppo", f"trainer.total_training_steps={steps}",
-                               f"actor_rollout_ref.rollout.name={backend}", f"trainer.default_local_dir={ckpt}",
-                               *extra], env=env, capture_output=True, text=True)
-        wall = time.perf_counter() - start
-    output = proc.stdout + proc.stderr
-    if proc.returncode != 0:
-        raise RuntimeError(f"launcher with rollout.name={backend} {extra} failed (rc {proc.returncode}):\n"
-                           f"{output[-4000:]}")
-    metrics = parse_step_metrics(output)
-    if sorted(metrics) != list(range(1, steps + 1)):
-        raise RuntimeError(f"expected steps 1..{steps}, got {sorted(metrics)}")
-    return {"wall": wall, "steps": metrics}
-
-
-def tiny_row(backend: str, dtype: str, result: dict) -> dict:
-    steps = result["steps"]
-    later = [steps[s] for s in sorted(steps) if s > 1]
-    step_total = sum(m["timing_s/step"] for m in steps.values())
+def tiny_row(work_dir: Path, steps: int, backend: str, dtype: str, extra: list[str]) -> dict:
+    """One launcher run with ``rollout.name=backend``: its start-up seconds and generation and step times."""
+    run = run_launcher("group_ppo", steps, [f"actor_rollout_ref.rollout.name={backend}", *extra],
+                       env={"WORK_DIR": str(work_dir)})
+    later = [run.steps[s] for s in sorted(run.steps) if s > 1]
     return {
         "rollout": backend, "dtype": dtype,
-        "start_up_s": result["wall"] - step_total,
-        "gen_step1_s": steps[1]["timing_s/gen"],
+        "start_up_s": run.seconds - sum(m["timing_s/step"] for m in run.steps.values()),
+        "gen_step1_s": run.steps[1]["timing_s/gen"],
         "gen_s": statistics.mean(m["timing_s/gen"] for m in later),
         "step_s": statistics.mean(m["timing_s/step"] for m in later),
-        "ppo_kl_max": max(abs(m["actor/ppo_kl"]) for m in steps.values()),
+        "ppo_kl_max": max(abs(m["actor/ppo_kl"]) for m in run.steps.values()),
     }
 
 
@@ -86,7 +66,7 @@ def bench_tiny(work_dir: Path, steps: int) -> list[dict]:
     if not (work_dir / "model" / "prepare.json").is_file():
         subprocess.run([sys.executable, "-m", "verl_group_ppo.tinytask.prepare", "--output-dir", str(work_dir)],
                        check=True)
-    return [tiny_row(backend, dtype, run_tiny(work_dir, steps, backend, extra)) for backend, dtype, extra in TINY_RUNS]
+    return [tiny_row(work_dir, steps, backend, dtype, extra) for backend, dtype, extra in TINY_RUNS]
 
 
 def tiny_table(rows: list[dict]) -> str:

@@ -16,32 +16,26 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-from verl_group_ppo.logs import parse_step_metrics, timing_breakdown
+from benchlib import REPO, LauncherRun, int_list, run_launcher
+from verl_group_ppo.logs import timing_breakdown
 
-REPO = Path(__file__).resolve().parents[1]
 PHASES = ("step", "gen", "old_log_prob", "values", "adv", "update_critic", "update_actor")
 
 
-def _int_list(text: str, name: str) -> list[int]:
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise SystemExit(f"{name}: expected a comma list of integers, got {text!r}") from None
-    if not values or any(v <= 0 or v % 4 for v in values):
-        raise SystemExit(f"{name}: every value must be a positive multiple of 4, got {text!r}")
+def prompt_counts(text: str) -> list[int]:
+    """``--prompts``: a comma list of positive multiples of 4."""
+    values = int_list(text, "--prompts")
+    if any(v <= 0 or v % 4 for v in values):
+        raise SystemExit(f"--prompts: every value must be a positive multiple of 4, got {text!r}")
     return values
 
 
-def run_one(estimator: str, prompts: int, steps: int, work_dir: Path, log_path: Path) -> float:
-    """Run the launcher once; returns its wall time in seconds. Raises on a failed run."""
+def run_one(estimator: str, prompts: int, steps: int, work_dir: Path, log_path: Path) -> LauncherRun:
+    """Run the launcher once with ``prompts`` prompts a step, its log in ``log_path``. Raises on a failed run."""
     overrides = [
-        f"trainer.total_training_steps={steps}",
         f"data.train_batch_size={prompts}",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={prompts}",
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={math.gcd(32, 4 * prompts)}",
@@ -49,16 +43,8 @@ def run_one(estimator: str, prompts: int, steps: int, work_dir: Path, log_path: 
         # the critic's mini-batch is 2 x prompts responses; its micro-batch must divide it
         f"critic.ppo_micro_batch_size_per_gpu={math.gcd(32, 2 * prompts)}",
         f"trainer.experiment_name=scaling_{estimator}_{prompts}",
-        f"trainer.default_local_dir={work_dir}/checkpoints/scaling_{estimator}_{prompts}",
     ]
-    env = dict(os.environ, WORK_DIR=str(work_dir))
-    start = time.perf_counter()
-    with open(log_path, "w") as log:
-        proc = subprocess.run(["bash", str(REPO / "examples/cpu/common.sh"), estimator, *overrides],
-                              stdout=log, stderr=subprocess.STDOUT, env=env)
-    if proc.returncode:
-        raise SystemExit(f"{estimator} with {prompts} prompts failed (exit {proc.returncode}); see {log_path}")
-    return time.perf_counter() - start
+    return run_launcher(estimator, steps, overrides, env={"WORK_DIR": str(work_dir)}, log_path=log_path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.steps < 2:
         raise SystemExit(f"--steps: need at least 2 (the first step is excluded), got {args.steps}")
-    prompts_list = _int_list(args.prompts, "--prompts")
+    prompts_list = prompt_counts(args.prompts)
     args.log_dir.mkdir(parents=True, exist_ok=True)
 
     header = "| estimator | responses/step | " + " | ".join(PHASES) + " | step / first row | run wall s |"
@@ -81,12 +67,12 @@ def main(argv: list[str] | None = None) -> int:
         for prompts in prompts_list:
             log_path = args.log_dir / f"{estimator}_{prompts}.log"
             print(f"[scaling] {estimator}: {prompts} prompts x 4, {args.steps} steps -> {log_path}", flush=True)
-            wall = run_one(estimator, prompts, args.steps, args.work_dir.resolve(), log_path)
-            timing = timing_breakdown(parse_step_metrics(log_path.read_text(errors="replace")))
+            run = run_one(estimator, prompts, args.steps, args.work_dir.resolve(), log_path)
+            timing = timing_breakdown(run.steps)
             cells = [timing.get(f"timing_s/{p}", float("nan")) for p in PHASES]
             first_step = first_step or cells[0]
             rows.append(f"| {estimator} | {4 * prompts} | " + " | ".join(f"{c:.2f}" for c in cells)
-                        + f" | {cells[0] / first_step:.2f} | {wall:.0f} |")
+                        + f" | {cells[0] / first_step:.2f} | {run.seconds:.0f} |")
             print(rows[-1], flush=True)
     table = "\n".join(rows)
     (args.log_dir / "scaling.md").write_text(table + "\n")

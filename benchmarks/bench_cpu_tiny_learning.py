@@ -18,15 +18,7 @@ import statistics
 import time
 from pathlib import Path
 
-
-def _int_list(text: str, name: str) -> list[int]:
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise SystemExit(f"{name}: expected a comma list of integers, got {text!r}") from None
-    if not values:
-        raise SystemExit(f"{name}: expected at least one value, got {text!r}")
-    return values
+from benchlib import int_list
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    seeds = _int_list(args.seeds, "--seeds")
+    seeds = int_list(args.seeds, "--seeds")
     if args.steps < 20:
         raise SystemExit(f"--steps: need at least 20 (two 10-step windows), got {args.steps}")
     if args.prompts < 1:

@@ -22,17 +22,14 @@ and its critic's final explained variance, and draws ``docs/critic_regimes.png``
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
 import time
-from typing import Any, NamedTuple, Optional
+from typing import Any, Optional
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench_edge_vs_length as edge  # noqa: E402  (the paired differences and the table cells)
+from benchlib import REPO, Run, Sweep, cell, differences, figure, mean_se, plan, run_pending, save_figure
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REGIMES = ("recipe", "pretrained")
 #: value pretraining of the ``pretrained`` regime (fixed before the comparison: docs/results.md)
 PRETRAINED: dict[str, Any] = {"critic_pretrain_steps": 400, "critic_pretrain_lr": 3e-4, "critic_pretrain_epochs": 1,
@@ -46,45 +43,22 @@ NO_CRITIC_ARMS = (("grpo", (0, 1, 2)),)
 PAIRS = (("group_ppo", "gae"), ("group_ppo_per_token", "gae"), ("endpoint_loss", "gae"), ("vapo", "gae"),
          ("grpo", "gae"), ("group_ppo_per_token", "group_ppo"), ("endpoint_loss", "group_ppo"))
 ARM_ORDER = ("group_ppo", "group_ppo_per_token", "endpoint_loss", "gae", "vapo", "grpo")
+#: the metrics of a paired difference: final sampled accuracy and learning-curve area
+METRICS = {"final": "final_eval_accuracy", "area": "curve_area"}
 #: a run's critic explained variance at the end: the mean of its last steps' ``critic/vf_explained_var``
 EV_LAST_STEPS = 10
 
 
-class Job(NamedTuple):
-    """One run of the sweep."""
-
-    regime: str
-    arm: str
-    seed: int
-
-
-def plan() -> list[Job]:
-    """Every run, seed by seed (so that an interrupted sweep has whole seeds of every arm): seed 0 of every arm
-    in both regimes, then seed 1, ..."""
-    jobs = [Job(REGIMES[0], arm, s) for arm, seeds in NO_CRITIC_ARMS for s in seeds]
-    jobs += [Job(regime, arm, s) for regime in REGIMES for arm, seeds in CRITIC_ARMS for s in seeds]
-    return sorted(jobs, key=lambda j: (j.seed, REGIMES.index(j.regime), ARM_ORDER.index(j.arm)))
+def sweep(out_dir: str) -> Sweep:
+    """Every run (``Run.condition`` is the regime), seed by seed, each kept in ``OUT/runs/<regime>/``."""
+    runs = [Run(arm, s, REGIMES[0]) for arm, seeds in NO_CRITIC_ARMS for s in seeds]
+    runs += [Run(arm, s, regime) for regime in REGIMES for arm, seeds in CRITIC_ARMS for s in seeds]
+    return Sweep(os.path.join(out_dir, "runs"), tuple(plan(runs, ARM_ORDER, REGIMES)))
 
 
-def run_path(out_dir: str, job: Job) -> str:
-    return os.path.join(out_dir, "runs", job.regime, f"{job.arm}-seed{job.seed}.json")
-
-
-def load_run(path: str, steps: Optional[int] = None) -> Optional[dict]:
-    """A finished run's record, or None when the file is missing, unreadable or from another step count."""
-    try:
-        with open(path) as f:
-            record = json.load(f)
-    except (OSError, ValueError):
-        return None
-    if steps is not None and record.get("steps") != steps:
-        return None
-    return record
-
-
-def pending(out_dir: str, steps: int) -> list[Job]:
-    """The planned runs without a finished record for ``steps`` steps."""
-    return [job for job in plan() if load_run(run_path(out_dir, job), steps) is None]
+def finished(steps: int):
+    """Accepts the records of runs of ``steps`` steps (other step counts are other runs)."""
+    return lambda record: record.get("steps") == steps
 
 
 def final_critic_ev(history: list[dict], last: int = EV_LAST_STEPS) -> Optional[float]:
@@ -94,24 +68,15 @@ def final_critic_ev(history: list[dict], last: int = EV_LAST_STEPS) -> Optional[
     return sum(values) / len(values) if values else None
 
 
-def run_record(job: Job, result: dict, pretrain_info: dict) -> dict:
+def run_record(run: Run, result: dict, pretrain_info: dict) -> dict:
     """What one run's file keeps: the fields the report and ``demo.report`` read, the critic's final explained
     variance and the pretrained critic's held-out explained variance (pretrained regime)."""
     keep = ("estimator", "seed", "final_eval_accuracy", "final_eval_samples", "curve_area", "steps", "curve",
             "greedy_curve", "final_greedy_accuracy", "wall_time_s", "final_threshold")
     record = {k: result[k] for k in keep if k in result}
-    record.update(regime=job.regime, final_critic_explained_variance=final_critic_ev(result["history"]),
+    record.update(regime=run.condition, final_critic_explained_variance=final_critic_ev(result["history"]),
                   pretrained_heldout_explained_variance=pretrain_info.get("heldout_explained_variance"))
     return record
-
-
-def write_json(path: str, data: dict) -> None:
-    """Write atomically: a run interrupted while writing leaves no half file."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=1)
-    os.replace(tmp, path)
 
 
 def pretrain_config(regime: str):
@@ -129,50 +94,36 @@ def run_sweep(out_dir: str, steps: int, log=print) -> int:
     from verl_group_ppo.demo.rl import RunConfig, run_one
 
     torch.set_num_threads(1)
-    todo = pending(out_dir, steps)
-    total = len(plan())
-    log(f"[regimes] {total - len(todo)} of {total} runs finished; {len(todo)} to run ({steps} steps each)")
     setups: dict[str, Any] = {}
-    for i, job in enumerate(todo, 1):
-        if job.regime not in setups:  # the warm start (and the pretrained critic) from setup/cache when cached
-            setups[job.regime] = setup_demo(DemoOptions(output_dir=os.path.join(out_dir, "setup"), no_progress=True),
-                                            RunConfig(steps=steps), "cpu", log, pretrain_config(job.regime))
-        s = setups[job.regime]
-        t0 = time.time()
-        log(f"[regimes] run {i}/{len(todo)}: {job.regime} {job.arm} seed {job.seed}")
 
-        def progress(rec: dict, job=job, t0=t0) -> None:
+    def one(run: Run) -> dict:
+        if run.condition not in setups:  # the warm start (and the pretrained critic) from setup/cache when cached
+            setups[run.condition] = setup_demo(DemoOptions(output_dir=os.path.join(out_dir, "setup"), no_progress=True),
+                                               RunConfig(steps=steps), "cpu", log, pretrain_config(run.condition))
+        s, t0 = setups[run.condition], time.time()
+
+        def progress(rec: dict) -> None:
             if "eval/accuracy" in rec:
-                log(f"[regimes]   {job.regime} {job.arm} seed {job.seed}: step {rec['step']}/{steps}, eval accuracy "
-                    f"{rec['eval/accuracy']:.3f}, {time.time() - t0:.0f}s")
+                log(f"[regimes]   {run.label()}: step {rec['step']}/{steps}, eval accuracy {rec['eval/accuracy']:.3f}, "
+                    f"{time.time() - t0:.0f}s")
 
-        result = run_one(job.arm, job.seed, s.cfg, s.task, s.tok, s.train, s.evals, s.init_state, "cpu",
+        result = run_one(run.arm, run.seed, s.cfg, s.task, s.tok, s.train, s.evals, s.init_state, "cpu",
                          on_step=progress)
-        write_json(run_path(out_dir, job), run_record(job, result, s.critic_pretrain))
-        log(f"[regimes] finished {job.regime} {job.arm} seed {job.seed}: final accuracy "
-            f"{result['final_eval_accuracy']:.3f} in {time.time() - t0:.0f}s")
-    return len(todo)
+        log(f"[regimes] {run.label()}: final accuracy {result['final_eval_accuracy']:.3f}")
+        return run_record(run, result, s.critic_pretrain)
+
+    return run_pending(sweep(out_dir), one, finished(steps), log, "regimes")
 
 
 # ---------------------------------------------------------------------------------------------------------
 # the report
 
 
-def load_runs(out_dir: str) -> dict[str, list[dict]]:
+def load_runs(runs: Sweep) -> dict[str, list[dict]]:
     """Finished runs per regime; the no-critic arms (run once) are counted in every regime."""
-    by_regime: dict[str, list[dict]] = {r: [] for r in REGIMES}
     shared = {arm for arm, _ in NO_CRITIC_ARMS}
-    for job in plan():
-        record = load_run(run_path(out_dir, job))
-        if record is None:
-            continue
-        for regime in (REGIMES if job.arm in shared else (job.regime,)):
-            by_regime[regime].append(record)
-    return by_regime
-
-
-def missing_runs(out_dir: str) -> list[Job]:
-    return [job for job in plan() if load_run(run_path(out_dir, job)) is None]
+    return {regime: [rec for run, rec in runs.records() if run.condition == regime or run.arm in shared]
+            for regime in REGIMES}
 
 
 def arm_summary(runs: list[dict]) -> dict[str, dict]:
@@ -180,15 +131,12 @@ def arm_summary(runs: list[dict]) -> dict[str, dict]:
     out: dict[str, dict] = {}
     for arm in ARM_ORDER:
         rs = sorted((r for r in runs if r["estimator"] == arm), key=lambda r: r["seed"])
-        if not rs:
-            continue
-        finals = [r["final_eval_accuracy"] for r in rs]
-        mean = sum(finals) / len(finals)
-        se = (math.sqrt(sum((x - mean) ** 2 for x in finals) / (len(finals) - 1) / len(finals))
-              if len(finals) > 1 else None)
-        evs = [r["final_critic_explained_variance"] for r in rs if r.get("final_critic_explained_variance") is not None]
-        out[arm] = {"seeds": [r["seed"] for r in rs], "final_mean": mean, "final_se": se,
-                    "critic_ev": sum(evs) / len(evs) if evs else None}
+        if rs:
+            mean, se = mean_se([r["final_eval_accuracy"] for r in rs])
+            evs = [r["final_critic_explained_variance"] for r in rs
+                   if r.get("final_critic_explained_variance") is not None]
+            out[arm] = {"seeds": [r["seed"] for r in rs], "final_mean": mean, "final_se": se,
+                        "critic_ev": sum(evs) / len(evs) if evs else None}
     return out
 
 
@@ -198,42 +146,41 @@ def _label(arm: str) -> str:
     return ARMS[arm].label
 
 
-def report(out_dir: str, figure: str) -> str:
+def regime_lines(regime: str, runs: list[dict], summary: dict[str, dict]) -> list[str]:
+    """One regime's tables: each arm's final accuracy, critic explained variance and difference to PPO, then the
+    differences of :data:`PAIRS` against GROUP-PPO."""
+    lines = [f"### Regime `{regime}`", ""]
+    pretrained = sorted({r["pretrained_heldout_explained_variance"] for r in runs
+                         if r.get("pretrained_heldout_explained_variance") is not None})
+    if pretrained:
+        lines += [f"Pretrained critic, held-out explained variance before RL: {pretrained[0]:.3f}", ""]
+    lines += ["| arm | final accuracy, mean (seeds) | critic explained variance at the end | - PPO, final "
+              "| - PPO, area |", "|---|---|---|---|---|"]
+    diffs = differences(runs, PAIRS, METRICS)
+    for arm, row in summary.items():
+        ev = "n/a" if row["critic_ev"] is None else f"{row['critic_ev']:.3f}"
+        pair = diffs.get(f"{arm}-gae")
+        cells = f"{cell(pair['final'])} | {cell(pair['area'])}" if pair else "(PPO) | (PPO)"
+        lines.append(f"| {_label(arm)} | {row['final_mean']:.3f} ({len(row['seeds'])}) | {ev} | {cells} |")
+    lines += ["", "| difference | final | area |", "|---|---|---|"]
+    lines += [f"| {_label(arm)} - {_label(base)} | {cell(diffs[f'{arm}-{base}']['final'])} | "
+              f"{cell(diffs[f'{arm}-{base}']['area'])} |" for arm, base in PAIRS if base != "gae"]
+    return lines + [""]
+
+
+def report(out_dir: str, figure_path: str) -> str:
     """The markdown report of whatever runs exist (missing ones listed), and the figure."""
-    by_regime = load_runs(out_dir)
-    lines: list[str] = []
-    summaries = {}
-    for regime in REGIMES:
-        runs = by_regime[regime]
-        summaries[regime] = arm_summary(runs)
-        lines += [f"### Regime `{regime}`", ""]
-        pretrained = sorted({r["pretrained_heldout_explained_variance"] for r in runs
-                             if r.get("pretrained_heldout_explained_variance") is not None})
-        if pretrained:
-            lines += [f"Pretrained critic, held-out explained variance before RL: {pretrained[0]:.3f}", ""]
-        lines += ["| arm | final accuracy, mean (seeds) | critic explained variance at the end | - PPO, final "
-                  "| - PPO, area |", "|---|---|---|---|---|"]
-        diffs = edge.differences(runs, PAIRS)
-        for arm, row in summaries[regime].items():
-            ev = "n/a" if row["critic_ev"] is None else f"{row['critic_ev']:.3f}"
-            pair = diffs.get(f"{arm}-gae")
-            cells = (f"{edge._cell(pair['final'])} | {edge._cell(pair['area'])}" if pair else "(PPO) | (PPO)")
-            lines.append(f"| {_label(arm)} | {row['final_mean']:.3f} ({len(row['seeds'])}) | {ev} | {cells} |")
-        lines += ["", "| difference | final | area |", "|---|---|---|"]
-        for arm, base in PAIRS:
-            if base != "gae":
-                d = diffs[f"{arm}-{base}"]
-                lines.append(f"| {_label(arm)} - {_label(base)} | {edge._cell(d['final'])} | {edge._cell(d['area'])} |")
-        lines.append("")
+    runs = sweep(out_dir)
+    by_regime = load_runs(runs)
+    summaries = {regime: arm_summary(by_regime[regime]) for regime in REGIMES}
+    lines = [line for regime in REGIMES for line in regime_lines(regime, by_regime[regime], summaries[regime])]
     lines += regime_differences(by_regime)
-    missing = missing_runs(out_dir)
-    if missing:
-        lines.append(f"Missing runs ({len(missing)} of {len(plan())}): " +
-                     ", ".join(f"{j.regime}/{j.arm}/seed {j.seed}" for j in missing))
-    else:
-        lines.append(f"All {len(plan())} runs finished.")
-    if any(summaries[r] for r in REGIMES):
-        plot(summaries, figure)
+    missing = runs.pending()
+    lines.append(f"Missing runs ({len(missing)} of {len(runs.runs)}): " +
+                 ", ".join(f"{r.condition}/{r.arm}/seed {r.seed}" for r in missing) if missing
+                 else f"All {len(runs.runs)} runs finished.")
+    if any(summaries.values()):
+        plot(summaries, figure_path)
     return "\n".join(lines)
 
 
@@ -241,43 +188,38 @@ def regime_differences(by_regime: dict[str, list[dict]]) -> list[str]:
     """Table lines: each critic arm's ``pretrained - recipe`` paired difference (what pretraining does to it)."""
     tagged = [{**r, "estimator": f"{r['estimator']}@{regime}"} for regime, runs in by_regime.items() for r in runs]
     arms = [arm for arm, _ in CRITIC_ARMS]
-    diffs = edge.differences(tagged, tuple((f"{a}@{REGIMES[1]}", f"{a}@{REGIMES[0]}") for a in arms))
+    diffs = differences(tagged, [(f"{a}@{REGIMES[1]}", f"{a}@{REGIMES[0]}") for a in arms], METRICS)
     lines = [f"### `{REGIMES[1]}` - `{REGIMES[0]}`, per arm", "", "| arm | final | area |", "|---|---|---|"]
     for arm in arms:
         d = diffs[f"{arm}@{REGIMES[1]}-{arm}@{REGIMES[0]}"]
         if d["final"]["seeds"]:
-            lines.append(f"| {_label(arm)} | {edge._cell(d['final'])} | {edge._cell(d['area'])} |")
+            lines.append(f"| {_label(arm)} | {cell(d['final'])} | {cell(d['area'])} |")
     return lines + [""]
+
+
+def figure_data(summaries: dict[str, dict]) -> dict[str, list[tuple[str, float, float]]]:
+    """What the figure draws: per regime, ``(arm, mean final accuracy, 2 standard errors)`` of each arm it has."""
+    return {regime: [(arm, row["final_mean"], 2 * row["final_se"] if row["final_se"] is not None else 0.0)
+                     for arm, row in summaries[regime].items()] for regime in REGIMES}
 
 
 def plot(summaries: dict[str, dict], path: str) -> None:
     """Final accuracy per arm (mean +- 2 SE over seeds), one bar per regime."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    arms = [a for a in ARM_ORDER if any(a in summaries[r] for r in REGIMES)]
-    fig, ax = plt.subplots(figsize=(10, 4))
+    data = figure_data(summaries)
+    arms = [a for a in ARM_ORDER if any(a == bar[0] for bars in data.values() for bar in bars)]
+    fig, ax = figure()
     width = 0.38
     for k, (regime, color) in enumerate(zip(REGIMES, ("#7f7f7f", "#1f77b4"))):
-        xs, ys, errs = [], [], []
-        for i, arm in enumerate(arms):
-            row = summaries[regime].get(arm)
-            if row is None:
-                continue
-            xs.append(i + (k - 0.5) * width)
-            ys.append(row["final_mean"])
-            errs.append(2 * row["final_se"] if row["final_se"] is not None else 0.0)
-        ax.bar(xs, ys, width, yerr=errs, capsize=4, color=color, label=f"critic: {regime}")
+        xs = [arms.index(arm) + (k - 0.5) * width for arm, _, _ in data[regime]]
+        ax.bar(xs, [y for _, y, _ in data[regime]], width, yerr=[e for _, _, e in data[regime]], capsize=4,
+               color=color, label=f"critic: {regime}")
     ax.set_xticks(range(len(arms)))
     ax.set_xticklabels([_label(a).replace(" (", "\n(") for a in arms], fontsize=8)
     ax.set_ylabel("final sampled accuracy")
-    low = min(r["final_mean"] for s in summaries.values() for r in s.values())
-    ax.set_ylim(max(0.0, low - 0.1), None)
+    ax.set_ylim(max(0.0, min(y for bars in data.values() for _, y, _ in bars) - 0.1), None)
     ax.set_title("final accuracy per arm and critic regime (mean +- 2 SE over seeds; GRPO: one set of runs)")
     ax.legend()
-    edge.save_figure(fig, path)
+    save_figure(fig, path)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -26,13 +26,16 @@ import os
 import sys
 from typing import Any, NamedTuple
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from benchlib import REPO, cell, differences, figure, save_figure
+
 #: the runs of one length: (name, arms, seeds)
 PARTS = (("a", "group_ppo,gae,sae,grpo", "0,1,2"), ("b", "group_ppo,gae", "3,4,5"))
 #: the differences the question is about (the first two), and the ones the defaults rule and the context need:
 #: (arm, baseline)
 PAIRS = (("group_ppo", "gae"), ("sae", "gae"), ("sae", "group_ppo"), ("grpo", "gae"))
 ARMS = ("group_ppo", "gae", "sae", "grpo")
+#: the metrics of a paired difference: final sampled accuracy and learning-curve area
+METRICS = {"final": "final_eval_accuracy", "area": "curve_area"}
 
 
 class Length(NamedTuple):
@@ -84,23 +87,6 @@ def load_length(out_dir: str) -> dict[str, Any]:
     return {"runs": runs, "mean_response_length": sum(lengths) / len(lengths), "meta": meta}
 
 
-def differences(runs: list[dict], pairs: tuple = PAIRS) -> dict[str, dict[str, dict]]:
-    """Paired differences (final accuracy and curve area) of each ``(arm, baseline)`` pair in ``pairs``
-    (default :data:`PAIRS`), with the rule's verdict, keyed ``"arm-baseline"``."""
-    from verl_group_ppo.demo.report import paired_difference, verdict
-
-    def per_seed(arm: str, key: str) -> dict[int, float]:
-        return {r["seed"]: r[key] for r in runs if r["estimator"] == arm}
-
-    out: dict[str, dict[str, dict]] = {}
-    for arm, base in pairs:
-        out[f"{arm}-{base}"] = {}
-        for metric, key in (("final", "final_eval_accuracy"), ("area", "curve_area")):
-            diff = paired_difference(per_seed(arm, key), per_seed(base, key))
-            out[f"{arm}-{base}"][metric] = {**diff, "verdict": verdict(diff)}
-    return out
-
-
 def trend(rows: list, pair: str) -> dict[str, Any]:
     """The pre-registered trend test of ``pair`` (e.g. ``"group_ppo-gae"``) between the shortest and the longest
     length in ``rows`` (:class:`Length` records, or anything with ``differences``, sorted by length).
@@ -135,15 +121,9 @@ def _trend_line(rows: list, pair: str, label: str) -> str:
             f"area {da:+.3f} (margin {ma:.3f}): **{t['verdict']}**")
 
 
-def _cell(d: dict) -> str:
-    if d["mean"] is None:
-        return "n/a"
-    two_se = "n/a" if d["se"] is None else f"{2 * d['se']:.3f}"
-    return f"{d['mean']:+.3f} +- {two_se} ({len(d['seeds'])} seeds, {d['verdict']})"
-
-
-def report(out_root: str, figure: str) -> str:
-    """The table over every length found under ``out_root`` (markdown) and the figure."""
+def load_rows(out_root: str) -> list[Length]:
+    """Every finished length under ``out_root``, shortest mean response first (unfinished ones left out, and
+    said so on stderr)."""
     from verl_group_ppo.demo.report import summarise
 
     rows: list[Length] = []
@@ -155,26 +135,31 @@ def report(out_root: str, figure: str) -> str:
         except FileNotFoundError as err:  # a length still running, or never finished: left out, and said so
             print(f"[edge] {entry} left out of the report: {err}", file=sys.stderr)
             continue
-        rows.append(Length(entry[len("terms-"):], data["mean_response_length"], differences(data["runs"]),
-                           summarise(data["runs"])["estimators"]))
+        rows.append(Length(entry[len("terms-"):], data["mean_response_length"],
+                           differences(data["runs"], PAIRS, METRICS), summarise(data["runs"])["estimators"]))
+    return sorted(rows, key=lambda r: r.mean_response_length)
+
+
+def report(out_root: str, figure_path: str) -> str:
+    """The table over every length found under ``out_root`` (markdown) and the figure."""
+    rows = load_rows(out_root)
     if not rows:
         raise SystemExit(f"no length found under {out_root}: run one first (--terms 4-5)")
-    rows.sort(key=lambda r: r[1])
     lines = ["| terms | mean response length (tokens) | GROUP-PPO - PPO, final | GROUP-PPO - PPO, area "
              "| SAE - PPO, final | SAE - PPO, area |", "|---|---|---|---|---|---|"]
     for terms, length, diff, _ in rows:
         g, s = diff["group_ppo-gae"], diff["sae-gae"]
-        lines.append(f"| {terms} | {length:.1f} | {_cell(g['final'])} | {_cell(g['area'])} | {_cell(s['final'])} "
-                     f"| {_cell(s['area'])} |")
+        lines.append(f"| {terms} | {length:.1f} | {cell(g['final'])} | {cell(g['area'])} | {cell(s['final'])} "
+                     f"| {cell(s['area'])} |")
     lines += ["", "| terms | final accuracy, mean (seeds): GROUP-PPO / PPO / SAE / GRPO | SAE - GROUP-PPO, final "
               "| SAE - GROUP-PPO, area | GRPO - PPO, final | GRPO - PPO, area |", "|---|---|---|---|---|---|"]
     for terms, _, diff, arms in rows:
         s, r = diff["sae-group_ppo"], diff["grpo-gae"]
         finals = " / ".join(f"{arms[a]['final_mean']:.3f} ({len(arms[a]['seeds'])})" if a in arms else "n/a"
                             for a in ARMS)
-        lines.append(f"| {terms} | {finals} | {_cell(s['final'])} | {_cell(s['area'])} | {_cell(r['final'])} "
-                     f"| {_cell(r['area'])} |")
-    plot(rows, figure)
+        lines.append(f"| {terms} | {finals} | {cell(s['final'])} | {cell(s['area'])} | {cell(r['final'])} "
+                     f"| {cell(r['area'])} |")
+    plot(rows, figure_path)
     if len(rows) > 1:
         lines += ["", "Trend (the pre-registered rule, shortest against longest length):", "",
                   "* " + _trend_line(rows, "group_ppo-gae", "GROUP-PPO - PPO"),
@@ -182,36 +167,33 @@ def report(out_root: str, figure: str) -> str:
     return "\n".join(lines)
 
 
-def plot(rows: list, path: str) -> None:
+#: the figure's series: (pair, label, colour, x shift in tokens so the error bars do not overlap)
+SERIES = (("group_ppo-gae", "GROUP-PPO - PPO", "#d62728", -0.3), ("sae-gae", "SAE - PPO", "#8c564b", 0.3))
+
+
+def figure_data(rows: list[Length]) -> dict[str, dict[str, list[tuple[float, float, float]]]]:
+    """What the figure draws: ``{metric: {pair: [(mean response length, mean difference, 2 paired SE)]}}``, one
+    point per length (NaN error bar without a standard error)."""
+    def point(row: Length, pair: str, metric: str) -> tuple[float, float, float]:
+        d = row.differences[pair][metric]
+        return row.mean_response_length, d["mean"], math.nan if d["se"] is None else 2 * d["se"]
+
+    return {metric: {pair: [point(row, pair, metric) for row in rows] for pair, *_ in SERIES} for metric in METRICS}
+
+
+def plot(rows: list[Length], path: str) -> None:
     """Differences to PPO (mean +- 2 paired SE) against mean response length, final accuracy and curve area."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharex=True)
-    for ax, metric in zip(axes, ("final", "area")):
-        for (pair, label, color, shift) in (("group_ppo-gae", "GROUP-PPO - PPO", "#d62728", -0.3),
-                                            ("sae-gae", "SAE - PPO", "#8c564b", 0.3)):
-            xs = [row.mean_response_length + shift for row in rows]
-            ys = [row.differences[pair][metric]["mean"] for row in rows]
-            errs = [2 * (row.differences[pair][metric]["se"] or math.nan) for row in rows]
-            ax.errorbar(xs, ys, yerr=errs, fmt="o-", color=color, capsize=4, label=label)
+    fig, axes = figure(2, (10, 3.8), sharex=True)
+    for ax, (metric, series) in zip(axes, figure_data(rows).items()):
+        for pair, label, color, shift in SERIES:
+            xs, ys, errs = zip(*series[pair])
+            ax.errorbar([x + shift for x in xs], ys, yerr=errs, fmt="o-", color=color, capsize=4, label=label)
         ax.axhline(0.0, color="grey", lw=0.8)
         ax.set_xlabel("mean response length (tokens)")
         ax.set_ylabel("final sampled accuracy difference" if metric == "final" else "curve area difference")
         ax.set_title(f"{'final accuracy' if metric == 'final' else 'learning-curve area'} vs PPO (+- 2 SE)")
         ax.legend()
     save_figure(fig, path)
-
-
-def save_figure(fig, path: str) -> None:
-    """Lay out, write (120 dpi) and close a matplotlib figure."""
-    import matplotlib.pyplot as plt
-
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -16,16 +16,14 @@ lengths uniform in [T/4, T], 8 responses per prompt.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import statistics
 import subprocess
 import sys
-import time
 from typing import Callable
 
 import numpy as np
 import torch
+from benchlib import time_round_robin, write_json
 
 ESTIMATORS = ("gae", "grpo", "group_ppo", "group_ppo_outputs")
 
@@ -62,29 +60,13 @@ def estimator_fn(name: str, x: dict) -> Callable[[], object]:
     return calls[name]
 
 
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
 def time_estimators(batch: int, length: int, device: str, repeats: int, names: list[str]) -> dict:
-    """Median wall and CPU seconds per call for each estimator, measured round-robin."""
+    """Median wall and CPU seconds per call for each estimator, measured round-robin after one warm-up call."""
     x = make_inputs(batch, length, device)
-    fns = {n: estimator_fn(n, x) for n in names}
-    for fn in fns.values():  # warm-up (imports, allocator)
-        fn()
-    wall: dict[str, list[float]] = {n: [] for n in names}
-    cpu: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(repeats):
-        for n in names:
-            _sync(device)
-            w0, c0 = time.perf_counter(), time.process_time()
-            fns[n]()
-            _sync(device)
-            wall[n].append(time.perf_counter() - w0)
-            cpu[n].append(time.process_time() - c0)
-        print(f"  [{batch}x{length}] repeat {r + 1}/{repeats}", file=sys.stderr, flush=True)
-    return {n: {"wall": statistics.median(wall[n]), "cpu": statistics.median(cpu[n])} for n in names}
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    _, times = time_round_robin({n: estimator_fn(n, x) for n in names}, repeats, sync, lambda r: print(
+        f"  [{batch}x{length}] repeat {r + 1}/{repeats}", file=sys.stderr, flush=True))
+    return {n: {"wall": wall, "cpu": cpu} for n, (wall, cpu) in times.items()}
 
 
 def _rss_kib(field: str) -> int:
@@ -186,8 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['device']:<6} {r['B']:>5} {r['T']:>5}  {r['estimator']:<18} {r['wall_s']:>9.4f} {r['cpu_s']:>8.4f} "
               f"{ratio:>7} {mem:>10} {units:>8}")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+        write_json(args.json, results)
     return 0
 
 

@@ -37,15 +37,13 @@ given tau and cap put the grouping, not how tau moves.
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import statistics
-import time
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import torch
+from benchlib import time_round_robin, write_json
 
 if TYPE_CHECKING:
     from verl_group_ppo.core_algos import GroupPPOOutputs
@@ -154,22 +152,6 @@ def make_batch(length: int, batch_tokens: int, critic: Critic, seed: int) -> dic
     return {"rewards": rewards, "values": values, "mask": torch.ones(batch, length), "index": index}
 
 
-def run_calls(calls: dict[str, Callable[[], object]], repeats: int) -> tuple[dict, dict[str, tuple[float, float]]]:
-    """Run each zero-argument call once (untimed), then ``repeats`` more times round-robin.
-
-    Returns (each call's last result, {name: (median wall s, median process CPU s)}; NaN with repeats=0)."""
-    results = {name: call() for name, call in calls.items()}
-    times: dict[str, list[tuple[float, float]]] = {name: [] for name in calls}
-    for _ in range(repeats):
-        for name, call in calls.items():
-            wall, cpu = time.perf_counter(), time.process_time()
-            call()
-            times[name].append((time.perf_counter() - wall, time.process_time() - cpu))
-    medians = {name: (statistics.median(t[0] for t in ts), statistics.median(t[1] for t in ts)) if ts
-               else (math.nan, math.nan) for name, ts in times.items()}
-    return results, medians
-
-
 def measure_length(length: int, critic: str, args: argparse.Namespace) -> list[Row]:
     """Every setting at one response length and one critic."""
     from verl.trainer.ppo.core_algos import compute_gae_advantage_return
@@ -186,7 +168,7 @@ def measure_length(length: int, critic: str, args: argparse.Namespace) -> list[R
         calls[s.label()] = (lambda st=settings: compute_group_ppo_outputs(
             x["rewards"], x["mask"], values=x["values"], settings=st, index=x["index"]))
     timed = critic == args.critics.split(",")[0]  # the cost does not depend on the values: time one critic
-    results, seconds = run_calls(calls, args.repeats if timed else 0)
+    results, seconds = time_round_robin(calls, args.repeats if timed else 0)
     rows = []
     for s in SETTINGS:
         out = results[s.label()]
@@ -250,8 +232,7 @@ def main() -> None:
             rows.extend(measure_length(length, critic, args))
     print_table(rows)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump([asdict(r) for r in rows], f, indent=1)
+        write_json(args.json, [asdict(r) for r in rows])
 
 
 if __name__ == "__main__":

@@ -20,85 +20,73 @@ differences of :data:`PAIRS` with the rule's verdict (:func:`verl_group_ppo.demo
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import shutil
-import subprocess
 import sys
-import time
 from statistics import mean
 from typing import Any
 
-from verl_group_ppo.logs import parse_step_metrics
+from benchlib import REPO, Run, Sweep, differences, plan, plus_minus, read_json, run_launcher, run_pending
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: arm -> (launcher estimator, extra overrides, seeds)
 ARMS: dict[str, tuple[str, tuple[str, ...], tuple[int, ...]]] = {
     "group_ppo": ("group_ppo", (), (0, 1, 2, 3, 4, 5)),
-    "group_ppo_turn": ("group_ppo", ("++algorithm.group_params.boundary_rule=turn",
-                                     "++algorithm.group_params.group_max_size=96"), (0, 1, 2)),
+    "group_ppo_turn": ("group_ppo", ("++algorithm.group_params.boundary_rule=turn",), (0, 1, 2)),
     "gae": ("gae", (), (0, 1, 2, 3, 4, 5)),
     "grpo": ("grpo", (), (0, 1, 2)),
 }
+#: overrides a record may hold beyond its arm's, because they change nothing: the committed group_ppo_turn runs
+#: capped groups at 96 tokens (when ``turn`` needed a cap to mean one group per turn), the launcher's
+#: ``data.max_response_length``, so no turn was cut
+ALSO_ACCEPTED = {"group_ppo_turn": ("++algorithm.group_params.group_max_size=96",)}
 #: the paired differences reported (arm, baseline): each arm against PPO, and turn groups against the defaults
 PAIRS = (("group_ppo", "gae"), ("group_ppo_turn", "gae"), ("grpo", "gae"), ("group_ppo_turn", "group_ppo"))
 #: the metrics kept per step (the training reward, the turn counts, the step's time)
 KEPT = ("critic/score/mean", "num_turns/mean", "num_turns/max", "response_length/mean", "timing_s/step")
 WINDOW = 10
-
-
-def plan(arms: dict = ARMS) -> list[tuple[str, int]]:
-    """Every (arm, seed) of the comparison, seeds first so an interrupted sweep has whole seeds of every arm."""
-    seeds = sorted({s for _, _, arm_seeds in arms.values() for s in arm_seeds})
-    return [(arm, seed) for seed in seeds for arm, (_, _, arm_seeds) in arms.items() if seed in arm_seeds]
-
-
 RESULTS_DIR = os.path.join(REPO, "benchmarks", "results", "multiturn")
 
 
-def run_path(results_dir: str, arm: str, seed: int) -> str:
-    return os.path.join(results_dir, f"{arm}-seed{seed}.json")
+def sweep(results_dir: str, arms: dict = ARMS) -> Sweep:
+    """Every (arm, seed) of the comparison, seeds first, one record each in ``results_dir``."""
+    runs = [Run(arm, seed) for arm, (_, _, seeds) in arms.items() for seed in seeds]
+    return Sweep(results_dir, tuple(plan(runs, list(arms))))
 
 
-def run_one(out_dir: str, results_dir: str, arm: str, seed: int, steps: int, python: str) -> dict[str, Any]:
-    """One launcher run; its per-step metrics written to :func:`run_path` (written last: a run without that
-    file is not done). Raises RuntimeError with the log's tail when the run fails."""
-    estimator, extra, _ = ARMS[arm]
-    log_path = os.path.join(out_dir, "logs", f"{arm}-seed{seed}.log")
-    ckpt = os.path.join(out_dir, "checkpoints", f"{arm}-seed{seed}")
-    os.makedirs(os.path.dirname(log_path), exist_ok=True)
-    env = {**os.environ, "MULTI_TURN": "1", "WORK_DIR": os.path.join(out_dir, "task"), "PYTHON": python}
-    cmd = ["bash", os.path.join(REPO, "examples", "cpu", "common.sh"), estimator, f"data.seed={seed}",
-           f"trainer.total_training_steps={steps}", f"trainer.default_local_dir={ckpt}",
-           f"trainer.experiment_name=multiturn_{arm}_seed{seed}", *extra]
-    t0 = time.time()
-    with open(log_path, "w") as log:
-        proc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
-    shutil.rmtree(ckpt, ignore_errors=True)  # the checkpoints are not part of the comparison
-    with open(log_path) as f:
-        output = f.read()
-    if proc.returncode != 0:
-        raise RuntimeError(f"{arm} seed {seed} failed (rc {proc.returncode}); {log_path} ends:\n{output[-3000:]}")
-    steps_logged = parse_step_metrics(output)
-    command = " ".join(cmd).replace(REPO + os.sep, "")
-    record = {"arm": arm, "seed": seed, "command": f"MULTI_TURN=1 {command}", "seconds": round(time.time() - t0, 1),
-              "warm_start": warm_start(os.path.join(out_dir, "task")),
-              "steps": {str(k): {m: v[m] for m in KEPT if m in v} for k, v in sorted(steps_logged.items())}}
-    if len(steps_logged) != steps:
-        raise RuntimeError(f"{arm} seed {seed} logged {len(steps_logged)} of {steps} steps; see {log_path}")
-    path = run_path(results_dir, arm, seed)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path + ".tmp", "w") as f:
-        json.dump(record, f, indent=1)
-    os.replace(path + ".tmp", path)
+def accepts(record: dict) -> bool:
+    """Whether a record ran its arm's setting: the arm's estimator and exactly its ``+`` overrides (besides
+    :data:`ALSO_ACCEPTED`)."""
+    words = record.get("command", "").split()
+    launcher = "examples/cpu/common.sh"
+    if record.get("arm") not in ARMS or launcher not in words:
+        return False
+    estimator, extra, _ = ARMS[record["arm"]]
+    given = {w for w in words if w.startswith("+")} - set(ALSO_ACCEPTED.get(record["arm"], ()))
+    return words[words.index(launcher) + 1] == estimator and given == set(extra)
+
+
+def run_one(out_dir: str, run: Run, steps: int, python: str) -> dict[str, Any]:
+    """One launcher run; its record: the command and per-step metrics. Raises :class:`benchlib.LauncherError`
+    with the log's tail when the run fails."""
+    estimator, extra, _ = ARMS[run.arm]
+    name = f"{run.arm}-seed{run.seed}"
+    done = run_launcher(estimator, steps, [f"data.seed={run.seed}", f"trainer.experiment_name=multiturn_{run.arm}_seed"
+                                           f"{run.seed}", *extra],
+                        env={"MULTI_TURN": "1", "WORK_DIR": os.path.join(out_dir, "task"), "PYTHON": python},
+                        log_path=os.path.join(out_dir, "logs", f"{name}.log"),
+                        checkpoint_dir=os.path.join(out_dir, "checkpoints", name))
+    record = {"arm": run.arm, "seed": run.seed, "command": f"MULTI_TURN=1 {done.command}",
+              "seconds": round(done.seconds, 1), "warm_start": warm_start(os.path.join(out_dir, "task")),
+              "steps": {str(k): {m: v[m] for m in KEPT if m in v} for k, v in sorted(done.steps.items())}}
+    m = run_metrics(record)
+    print(f"[multiturn] {name}: final {m['final']:.3f}, area {m['area']:.3f}, turns {m['turns_first']:.2f} -> "
+          f"{m['turns_last']:.2f}", flush=True)
     return record
 
 
 def warm_start(task_dir: str) -> dict[str, float]:
     """What ``prepare`` measured of the shared warm start (``model/prepare.json``): it tells the runs of one warm
     start from another's (``prepare`` is deterministic on one machine, not across CPUs)."""
-    with open(os.path.join(task_dir, "model", "prepare.json")) as f:
-        return json.load(f)["test_accuracy"]
+    return read_json(os.path.join(task_dir, "model", "prepare.json"))["test_accuracy"]
 
 
 def warm_start_label(record: dict) -> str:
@@ -119,53 +107,35 @@ def run_metrics(record: dict) -> dict[str, float]:
             "seconds_per_step": mean(s.get("timing_s/step", float("nan")) for s in steps[1:] or steps)}
 
 
-def load_runs(folder: str) -> list[dict]:
-    if not os.path.isdir(folder):
-        return []
-    runs = []
-    for name in sorted(os.listdir(folder)):
-        if name.endswith(".json"):
-            with open(os.path.join(folder, name)) as f:
-                runs.append(json.load(f))
-    return runs
-
-
 def report(runs: list[dict], arms: dict = ARMS) -> str:
-    """The per-arm table and the paired differences to :data:`BASELINE`, with the runs still missing."""
-    from verl_group_ppo.demo.report import paired_difference, verdict
-
-    by_arm: dict[str, dict[int, dict[str, float]]] = {}
-    for r in runs:
-        by_arm.setdefault(r["arm"], {})[int(r["seed"])] = run_metrics(r)
+    """The per-arm table, the paired differences of :data:`PAIRS` with the rule's verdict, the warm starts, and
+    the runs still missing."""
+    metrics = [{"arm": r["arm"], "seed": int(r["seed"]), **run_metrics(r)} for r in runs]
     lines = ["| arm | seeds | final (last 10 steps) | area (all steps) | first 10 steps | turns/response first -> last 10 | s/step |",
              "|---|---|---|---|---|---|---|"]
     for arm in arms:
-        got = by_arm.get(arm, {})
+        got = [m for m in metrics if m["arm"] == arm]
         if not got:
             lines.append(f"| {arm} | 0 | - | - | - | - | - |")
             continue
-        avg = {k: mean(m[k] for m in got.values()) for k in next(iter(got.values()))}
+        avg = {k: mean(m[k] for m in got) for k in got[0] if k not in ("arm", "seed")}
         lines.append(f"| {arm} | {len(got)} | {avg['final']:.3f} | {avg['area']:.3f} | {avg['first']:.3f} | "
                      f"{avg['turns_first']:.2f} -> {avg['turns_last']:.2f} | {avg['seconds_per_step']:.2f} |")
     lines += ["", "Paired differences (mean +- 2 paired SE over common seeds; the rule's verdict):", "",
               "| pair | metric | seeds | difference | verdict |", "|---|---|---|---|---|"]
+    diffs = differences(metrics, PAIRS, {"final": "final", "area": "area"}, arm_key="arm")
     for arm, base in PAIRS:
-        a, b = by_arm.get(arm, {}), by_arm.get(base, {})
-        for metric in ("final", "area"):
-            diff = paired_difference({s: m[metric] for s, m in a.items()}, {s: m[metric] for s, m in b.items()})
-            if diff["mean"] is None:
-                lines.append(f"| {arm} - {base} | {metric} | 0 | - | - |")
-                continue
-            se = "n/a" if diff["se"] is None else f"{2 * diff['se']:.3f}"
-            lines.append(f"| {arm} - {base} | {metric} | {len(diff['seeds'])} | {diff['mean']:+.3f} +- {se} | "
-                         f"{verdict(diff)} |")
+        for metric, d in diffs[f"{arm}-{base}"].items():
+            found = "0 | - | -" if d["mean"] is None else f"{len(d['seeds'])} | {plus_minus(d)} | {d['verdict']}"
+            lines.append(f"| {arm} - {base} | {metric} | {found} |")
     starts: dict[str, set[int]] = {}
     for r in runs:
         starts.setdefault(warm_start_label(r), set()).add(int(r["seed"]))
     lines += ["", "Warm starts (the seeds that ran on each; a pair compares runs of one seed, so of one warm start "
               "when every arm of a seed ran on it):", ""]
     lines += [f"- {label}: seeds {', '.join(map(str, sorted(seeds)))}" for label, seeds in sorted(starts.items())]
-    missing = [f"{a}-seed{s}" for a, s in plan(arms) if s not in by_arm.get(a, {})]
+    done = {(m["arm"], m["seed"]) for m in metrics}
+    missing = [f"{r.arm}-seed{r.seed}" for r in sweep("", arms).runs if (r.arm, r.seed) not in done]
     lines += ["", f"Missing runs ({len(missing)}): {', '.join(missing) if missing else 'none'}"]
     return "\n".join(lines)
 
@@ -181,18 +151,12 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.steps < WINDOW:
         raise SystemExit(f"--steps must be at least {WINDOW} (the final reward averages the last {WINDOW} steps)")
-    out_dir, results_dir = os.path.abspath(args.output_dir), os.path.abspath(args.results_dir)
+    out_dir, results = os.path.abspath(args.output_dir), sweep(os.path.abspath(args.results_dir))
     if not args.report:
-        todo = [(a, s) for a, s in plan() if not os.path.exists(run_path(results_dir, a, s))]
-        print(f"[multiturn] {len(plan()) - len(todo)} runs done, {len(todo)} to go, {args.steps} steps each; "
-              f"results in {results_dir}, logs in {out_dir}", flush=True)
-        for k, (arm, seed) in enumerate(todo, start=1):
-            t0 = time.time()
-            record = run_one(out_dir, results_dir, arm, seed, args.steps, args.python)
-            m = run_metrics(record)
-            print(f"[multiturn] {k}/{len(todo)} {arm} seed {seed}: final {m['final']:.3f}, area {m['area']:.3f}, "
-                  f"turns {m['turns_first']:.2f} -> {m['turns_last']:.2f} ({time.time() - t0:.0f} s)", flush=True)
-    print(report(load_runs(results_dir)))
+        print(f"[multiturn] {args.steps} steps a run; results in {results.results_dir}, logs in {out_dir}", flush=True)
+        run_pending(results, lambda run: run_one(out_dir, run, args.steps, args.python), accepts,
+                    lambda line: print(line, flush=True), "multiturn")
+    print(report([record for _, record in results.records(accepts)]))
     return 0
 
 

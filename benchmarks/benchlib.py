@@ -1,13 +1,11 @@
-"""What the benchmark scripts share: the repository root, records on disk, a CPU launcher run, resumable sweeps,
-paired differences, timing and figures.
+"""The plumbing the benchmark scripts share: the repository root, JSON records, a CPU launcher run, resumable
+sweeps, paired differences, round-robin timing and figures.
 
-Convention: a benchmark is a script run as ``python benchmarks/<name>.py`` (from any folder). Python puts the
-script's folder first on ``sys.path``, so every script imports this module by name (``from benchlib import
-...``), and none loads another file by its path. Tests put ``benchmarks/`` on ``sys.path`` once
-(tests/test_benchmarks.py) and import the scripts by name.
-
-A record (one JSON file per finished run) holds no machine path: :func:`portable` makes a path relative to the
-repository, and :func:`write_json` refuses data that holds an absolute path.
+Convention: a benchmark is a script, run as ``python benchmarks/<name>.py`` from any folder. Python puts the
+script's folder first on ``sys.path``, so scripts import this module by name (``from benchlib import ...``) and
+none loads another file by its path. Tests put ``benchmarks/`` on ``sys.path`` once (tests/test_benchmarks.py)
+and import the scripts by name. A record (one JSON file per finished run) holds paths relative to the
+repository only (:func:`portable`); :func:`write_json` refuses one that holds an absolute path.
 """
 
 from __future__ import annotations
@@ -28,45 +26,34 @@ from typing import Any, Callable, Iterable, Mapping, NamedTuple, Optional, Seque
 
 REPO = Path(__file__).resolve().parents[1]
 LAUNCHER = REPO / "examples" / "cpu" / "common.sh"
-
-# ----------------------------------------------------------------------------------------------------- records
-
-_WORD = re.compile(r"[^\s=:,;'\"()\[\]]+")
+Accept = Optional[Callable[[dict], bool]]
 
 
 def machine_paths(data: Any) -> list[str]:
-    """Every absolute path in a JSON-like value: a string that is one, or a word of a string (words split at
-    white space and ``= : , ;`` quotes and brackets) that is one (``/...`` or ``~/...``)."""
+    """The absolute paths in a JSON-like value: its strings' words (split at white space and ``= : , ;``) that
+    start with ``/`` or ``~/``."""
     if isinstance(data, Mapping):
         return [p for k, v in data.items() for p in machine_paths(k) + machine_paths(v)]
     if isinstance(data, (list, tuple)):
         return [p for v in data for p in machine_paths(v)]
-    if not isinstance(data, str):
-        return []
-    if os.path.isabs(data):
-        return [data]
-    return [w for w in _WORD.findall(data) if (w.startswith("/") and len(w) > 1) or w.startswith("~/")]
+    return [w for w in re.split(r"[\s=:,;]+", data) if re.match(r"~?/[^/]", w)] if isinstance(data, str) else []
 
 
 def portable(arg: str) -> str:
-    """``arg`` (a path, or a ``key=path`` override) with its absolute path made relative to :data:`REPO`."""
-    key, sep, value = arg.partition("=")
-    if sep and os.path.isabs(value):
-        return f"{key}={os.path.relpath(value, REPO)}"
-    return os.path.relpath(arg, REPO) if os.path.isabs(arg) else arg
+    """``arg`` (a path, or a ``key=path`` override) with an absolute path made relative to :data:`REPO`."""
+    key, sep, value = arg.rpartition("=")
+    return f"{key}{sep}{os.path.relpath(value, REPO)}" if os.path.isabs(value) else arg
 
 
 def write_json(path: Union[str, Path], data: Any) -> None:
-    """Write ``data`` atomically (an interrupted write leaves no half file); ValueError naming them when ``data``
-    holds absolute paths (:func:`machine_paths`)."""
-    found = machine_paths(data)
-    if found:
-        raise ValueError(f"data: a record holds no machine path, found {found[:3]} (use benchlib.portable)")
+    """Write ``data`` atomically (an interrupted write leaves no half file); ValueError when it holds an
+    absolute path (:func:`machine_paths`)."""
+    if machine_paths(data):
+        raise ValueError(f"data: a record holds no machine path, found {machine_paths(data)[:3]} (see portable)")
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
+    with open(f"{path}.tmp", "w") as f:
         json.dump(data, f, indent=1)
-    os.replace(tmp, path)
+    os.replace(f"{path}.tmp", path)
 
 
 def read_json(path: Union[str, Path]) -> Optional[Any]:
@@ -89,17 +76,14 @@ def int_list(text: str, name: str) -> list[int]:
     return values
 
 
-# ---------------------------------------------------------------------------------------------- the launcher
-
-
 class LauncherError(RuntimeError):
-    """A launcher run that failed or logged other steps than asked for; the message ends with its output's tail."""
+    """A launcher run that failed or logged other steps than asked for (the message ends with its output)."""
 
 
 @dataclass(frozen=True)
 class LauncherRun:
-    """One finished launcher run: its command (paths relative to the repository), wall seconds, and verl's
-    metrics per step (``{step: {metric: value}}``, :func:`verl_group_ppo.logs.parse_step_metrics`)."""
+    """A finished launcher run: its command (paths relative to the repository), wall seconds, and verl's metrics
+    per step, ``{step: {metric: value}}``."""
 
     command: str
     seconds: float
@@ -108,46 +92,40 @@ class LauncherRun:
 
 def run_launcher(estimator: str, steps: int, overrides: Sequence[str] = (), env: Optional[Mapping[str, str]] = None,
                  log_path: Optional[Union[str, Path]] = None, checkpoint_dir: Optional[str] = None) -> LauncherRun:
-    """``bash examples/cpu/common.sh ESTIMATOR trainer.total_training_steps=STEPS OVERRIDES...`` with ``env`` over
-    this process's environment (``PYTHON`` defaults to this interpreter); its output goes to ``log_path`` (or is
-    kept in memory), its checkpoints to ``checkpoint_dir`` (a temporary folder when None), removed after the run.
-    Raises :class:`LauncherError` when the run fails or does not log exactly steps 1..``steps``."""
+    """Run ``examples/cpu/common.sh ESTIMATOR trainer.total_training_steps=STEPS OVERRIDES...`` with ``env`` over
+    this environment (``PYTHON``: this interpreter unless set), its output to ``log_path`` (else kept in memory)
+    and its checkpoints to ``checkpoint_dir`` (else a temporary folder), removed after the run. Raises
+    :class:`LauncherError` when the run fails or does not log exactly steps 1..``steps``."""
     from verl_group_ppo.logs import parse_step_metrics
 
-    ckpt = checkpoint_dir or tempfile.mkdtemp(prefix="bench-ckpt-")
+    ckpt = checkpoint_dir or tempfile.mkdtemp(prefix="bench-checkpoints-")
     cmd = ["bash", str(LAUNCHER), estimator, f"trainer.total_training_steps={steps}", *overrides,
            f"trainer.default_local_dir={ckpt}"]
+    if log_path:
+        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    returncode, output = _run(cmd, {"PYTHON": sys.executable, **os.environ, **(env or {})}, log_path)
+    with open(log_path or os.devnull, "w") as log:
+        proc = subprocess.run(cmd, env={"PYTHON": sys.executable, **os.environ, **(env or {})}, text=True,
+                              stdout=log if log_path else subprocess.PIPE, stderr=subprocess.STDOUT)
     seconds = time.perf_counter() - start
     shutil.rmtree(ckpt, ignore_errors=True)  # no benchmark compares checkpoints
+    output = Path(log_path).read_text(errors="replace") if log_path else proc.stdout
     metrics = parse_step_metrics(output)
-    if returncode != 0 or sorted(metrics) != list(range(1, steps + 1)):
-        raise LauncherError(f"{estimator} {' '.join(overrides)}: exit code {returncode}, {len(metrics)} of {steps} "
-                            f"steps logged{f'; see {log_path}' if log_path else ''}; the output ends:\n{output[-3000:]}")
+    if proc.returncode != 0 or sorted(metrics) != list(range(1, steps + 1)):
+        raise LauncherError(f"{estimator} {' '.join(overrides)}: exit code {proc.returncode}, {len(metrics)} of "
+                            f"{steps} steps logged (log: {log_path or 'below'}); the output ends:\n{output[-3000:]}")
     return LauncherRun(" ".join(portable(a) for a in cmd), seconds, metrics)
 
 
-def _run(cmd: list[str], env: dict[str, str], log_path: Optional[Union[str, Path]]) -> tuple[int, str]:
-    """(exit code, output) of ``cmd``, its stdout and stderr written to ``log_path`` when given."""
-    if log_path is None:
-        proc = subprocess.run(cmd, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        return proc.returncode, proc.stdout
-    Path(log_path).parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "w") as log:
-        proc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
-    return proc.returncode, Path(log_path).read_text(errors="replace")
-
-
-# ---------------------------------------------------------------------------------------------------- sweeps
-
-
 class Run(NamedTuple):
-    """One run of a sweep: an arm, a seed, and what else the sweep varies (e.g. a critic regime; "" for nothing)."""
+    """One run of a sweep: arm, seed, and what else the sweep varies (e.g. a critic regime; "" for nothing)."""
 
     arm: str
     seed: int
     condition: str = ""
+
+    def label(self) -> str:
+        return " ".join(filter(None, (self.condition, self.arm, f"seed {self.seed}")))
 
 
 def plan(runs: Iterable[Run], arm_order: Sequence[str], condition_order: Sequence[str] = ("",)) -> list[Run]:
@@ -157,8 +135,9 @@ def plan(runs: Iterable[Run], arm_order: Sequence[str], condition_order: Sequenc
 
 @dataclass(frozen=True)
 class Sweep:
-    """A resumable sweep: the planned ``runs``, each finished one kept as one JSON record,
-    ``results_dir/[condition/]<arm>-seed<seed>.json``, written when the run ends (an interrupted run has none)."""
+    """A resumable sweep: the planned ``runs``, each finished one kept as the JSON record
+    ``results_dir/[condition/]<arm>-seed<seed>.json``, written when it ends (an interrupted run has none).
+    ``accept(record)``, where given, tells a record of this sweep's setting from another (e.g. the step count)."""
 
     results_dir: str
     runs: tuple[Run, ...]
@@ -166,54 +145,58 @@ class Sweep:
     def path(self, run: Run) -> str:
         return os.path.join(self.results_dir, run.condition, f"{run.arm}-seed{run.seed}.json")
 
-    def load(self, run: Run, accept: Optional[Callable[[dict], bool]] = None) -> Optional[dict]:
-        """``run``'s record, or None when it is missing, unreadable or not ``accept(record)``."""
+    def load(self, run: Run, accept: Accept = None) -> Optional[dict]:
+        """``run``'s record; None when it is missing, unreadable or not accepted."""
         record = read_json(self.path(run))
         return record if isinstance(record, dict) and (accept is None or accept(record)) else None
 
-    def pending(self, accept: Optional[Callable[[dict], bool]] = None) -> list[Run]:
-        """The planned runs without an (accepted) record: those to run, or the report's missing runs."""
+    def pending(self, accept: Accept = None) -> list[Run]:
+        """The planned runs without an accepted record: those still to run, the report's missing runs."""
         return [run for run in self.runs if self.load(run, accept) is None]
 
-    def records(self, accept: Optional[Callable[[dict], bool]] = None) -> list[tuple[Run, dict]]:
-        """Every finished run with its (accepted) record, in plan order."""
-        return [(run, rec) for run in self.runs if (rec := self.load(run, accept)) is not None]
+    def records(self, accept: Accept = None) -> list[tuple[Run, dict]]:
+        """Every finished run with its accepted record, in plan order."""
+        return [(run, record) for run in self.runs if (record := self.load(run, accept)) is not None]
 
     def save(self, run: Run, record: dict) -> None:
         write_json(self.path(run), record)
 
 
-# ----------------------------------------------------------------------------------------- paired differences
+def run_pending(sweep: Sweep, run_one: Callable[[Run], dict], accept: Accept = None,
+                log: Callable[[str], Any] = print, tag: str = "bench") -> int:
+    """Every pending run of ``sweep`` in plan order, each ``run_one(run)``'s record saved as it finishes (progress
+    to ``log``, tagged ``[tag]``); returns how many ran."""
+    todo = sweep.pending(accept)
+    log(f"[{tag}] {len(sweep.runs) - len(todo)} of {len(sweep.runs)} runs finished; {len(todo)} to run")
+    for i, run in enumerate(todo, 1):
+        start = time.perf_counter()
+        log(f"[{tag}] run {i}/{len(todo)}: {run.label()}")
+        sweep.save(run, run_one(run))
+        log(f"[{tag}] finished {run.label()} in {time.perf_counter() - start:.0f} s")
+    return len(todo)
 
 
 def mean_se(values: Sequence[float]) -> tuple[float, Optional[float]]:
     """Mean and standard error of the mean (None below 2 values)."""
-    mean = statistics.fmean(values)
-    return mean, (statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else None)
+    return statistics.fmean(values), statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else None
 
 
-Metric = Union[str, Callable[[dict], float]]
-
-
-def differences(records: Iterable[dict], pairs: Iterable[tuple[str, str]], metrics: Mapping[str, Metric],
+def differences(records: Iterable[dict], pairs: Iterable[tuple[str, str]], metrics: Mapping[str, Any],
                 arm_key: str = "estimator", rule: Optional[Callable[[dict], str]] = None) -> dict[str, dict[str, dict]]:
-    """``{"arm-baseline": {metric: difference}}`` for each ``(arm, baseline)`` of ``pairs``: the per-seed paired
-    difference over the seeds both have (:func:`verl_group_ppo.demo.report.paired_difference`: seeds, mean, se,
-    per_seed) with ``"verdict": rule(difference)`` (default: the comparison rule, ``demo.report.verdict``).
-    A metric is a record's key or a function of the record; a record's arm is ``record[arm_key]``."""
+    """``{"arm-baseline": {metric: difference}}`` per ``(arm, baseline)`` of ``pairs``: the paired difference
+    over the seeds both have (``demo.report.paired_difference``: seeds, mean, se, per_seed) and its
+    ``"verdict"``, ``rule(difference)`` (default: the comparison rule, ``demo.report.verdict``). A metric is a
+    record's key or a function of a record; a record's arm is ``record[arm_key]``."""
     from verl_group_ppo.demo.report import paired_difference, verdict
 
     records = list(records)
-    value = {name: (m if callable(m) else (lambda r, key=m: r[key])) for name, m in metrics.items()}
-
-    def per_seed(arm: str, name: str) -> dict[int, float]:
-        return {int(r["seed"]): value[name](r) for r in records if r[arm_key] == arm}
-
+    value = {name: m if callable(m) else (lambda r, key=m: r[key]) for name, m in metrics.items()}
     out: dict[str, dict[str, dict]] = {}
     for arm, base in pairs:
         out[f"{arm}-{base}"] = {}
-        for name in metrics:
-            diff = paired_difference(per_seed(arm, name), per_seed(base, name))
+        for name, get in value.items():
+            a, b = ({int(r["seed"]): get(r) for r in records if r[arm_key] == x} for x in (arm, base))
+            diff = paired_difference(a, b)
             out[f"{arm}-{base}"][name] = {**diff, "verdict": (rule or verdict)(diff)}
     return out
 
@@ -228,14 +211,11 @@ def cell(diff: dict) -> str:
     return "n/a" if diff["mean"] is None else f"{plus_minus(diff)} ({len(diff['seeds'])} seeds, {diff['verdict']})"
 
 
-# ------------------------------------------------------------------------------------------ timing, figures
-
-
-def time_round_robin(calls: Mapping[str, Callable[[], Any]], repeats: int, sync: Callable[[], None] = lambda: None,
-                     on_repeat: Callable[[int], None] = lambda r: None) -> tuple[dict, dict[str, tuple[float, float]]]:
-    """Each call once untimed (warm-up), then ``repeats`` times round-robin, so machine noise hits all alike.
-    Returns (each call's first result, ``{name: (median wall s, median process CPU s)}``; NaN with 0 repeats).
-    ``sync`` runs around every timed call (e.g. ``torch.cuda.synchronize``), ``on_repeat(r)`` after repeat r."""
+def time_round_robin(calls: Mapping[str, Callable[[], Any]], repeats: int, sync: Callable[[], Any] = lambda: None,
+                     on_repeat: Callable[[int], Any] = lambda r: None) -> tuple[dict, dict[str, tuple[float, float]]]:
+    """Each call once untimed (warm-up), then ``repeats`` times round-robin so machine noise hits all alike, with
+    ``sync()`` around each timed call (e.g. CUDA's) and ``on_repeat(r)`` after repeat r. Returns (each call's
+    first result, ``{name: (median wall s, median process CPU s)}``, NaN with no repeat)."""
     results = {name: call() for name, call in calls.items()}
     times: dict[str, list[tuple[float, float]]] = {name: [] for name in calls}
     for r in range(repeats):
@@ -251,7 +231,7 @@ def time_round_robin(calls: Mapping[str, Callable[[], Any]], repeats: int, sync:
 
 
 def figure(ncols: int = 1, figsize: tuple[float, float] = (10, 4), **kwargs):
-    """A matplotlib figure and its axes (``ncols`` panels), drawn off-screen (Agg)."""
+    """``(figure, axes)``: ``ncols`` matplotlib panels side by side, drawn off-screen (Agg)."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -1,30 +1,175 @@
-"""Argument checks of the benchmark scripts that start long runs (bad input fails before anything runs)."""
+"""The benchmark scripts without their long runs: the shared plumbing (benchmarks/benchlib.py), argument checks
+(bad input fails before anything runs), the reports' numbers on fake records, and the committed records."""
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
+import math
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO / "benchmarks") not in sys.path:
+    sys.path.insert(0, str(REPO / "benchmarks"))  # what `python benchmarks/<name>.py` does (benchlib's convention)
 
 
 def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """A benchmark script (or benchlib) as a module, imported by name."""
+    return importlib.import_module(name)
+
+
+def _table(text: str, first_header: str) -> list[list[str]]:
+    """The body rows of the markdown table in ``text`` whose header starts with ``| first_header |``, as cells."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"| {first_header} |"))
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([c.strip() for c in line.strip("|").split("|")])
+    return rows
+
+
+def _numbers(cell: str) -> list[float]:
+    return [float(x) for x in re.findall(r"[-+]?\d+\.\d+|[-+]?\d+", cell)]
+
+
+# --------------------------------------------------------------------------------------------------- benchlib
+
+
+def test_records_are_written_whole_and_without_machine_paths(tmp_path):
+    lib = _load("benchlib")
+    path = tmp_path / "a" / "run.json"
+    lib.write_json(path, {"command": "bash examples/cpu/common.sh gae trainer.default_local_dir=runs/x", "v": [1]})
+    assert lib.read_json(path)["v"] == [1] and not (tmp_path / "a" / "run.json.tmp").exists()
+    for bad in ({"command": "x trainer.default_local_dir=/work/x"}, ["/tmp/y"], {"/home/z": 1}, {"p": "~/data"}):
+        with pytest.raises(ValueError, match="no machine path"):
+            lib.write_json(tmp_path / "bad.json", bad)
+    assert not (tmp_path / "bad.json").exists()
+    (tmp_path / "half.json").write_text('{"a": ')
+    assert lib.read_json(tmp_path / "half.json") is None and lib.read_json(tmp_path / "none.json") is None
+    assert lib.machine_paths({"ratio": "1/2", "url": "https://example.org/a", "n": 3.0}) == []
+
+
+def test_portable_makes_paths_relative_to_the_repository():
+    lib = _load("benchlib")
+    assert lib.portable(f"trainer.default_local_dir={lib.REPO}/runs/a") == "trainer.default_local_dir=runs/a"
+    assert lib.portable(str(lib.LAUNCHER)) == "examples/cpu/common.sh"
+    assert not os.path.isabs(lib.portable("/elsewhere/x")) and lib.portable("data.seed=3") == "data.seed=3"
+
+
+def test_sweep_plans_seed_by_seed_and_resumes_from_its_records(tmp_path):
+    lib = _load("benchlib")
+    runs = [lib.Run(arm, seed, cond) for cond in ("b", "a") for arm in ("x", "y") for seed in (1, 0)]
+    sweep = lib.Sweep(str(tmp_path), tuple(lib.plan(runs, ("y", "x"), ("a", "b"))))
+    assert sweep.runs[:3] == (lib.Run("y", 0, "a"), lib.Run("x", 0, "a"), lib.Run("y", 0, "b"))
+    assert [r.seed for r in sweep.runs] == [0] * 4 + [1] * 4
+    sweep.save(sweep.runs[0], {"steps": 10})
+    sweep.save(sweep.runs[1], {"steps": 20})
+    assert sweep.path(sweep.runs[1]) == str(tmp_path / "a" / "x-seed0.json")
+    ten = lambda record: record["steps"] == 10  # noqa: E731
+    assert len(sweep.pending()) == 6 and len(sweep.pending(ten)) == 7
+    assert [run for run, _ in sweep.records(ten)] == [sweep.runs[0]]
+    logs: list[str] = []
+    ran = lib.run_pending(sweep, lambda run: {"steps": 10, "arm": run.arm}, ten, logs.append, "t")
+    assert ran == 7 and not sweep.pending(ten) and sweep.load(sweep.runs[1])["arm"] == "x"  # the 20-step one again
+    assert logs[0] == "[t] 1 of 8 runs finished; 7 to run" and "[t] run 7/7: b x seed 1" in logs
+
+
+def test_differences_pair_by_seed_and_apply_the_rule():
+    lib = _load("benchlib")
+    records = [{"estimator": "a", "seed": s, "v": 0.5 + 0.1 + 0.01 * s} for s in (0, 1, 2, 3)]
+    records += [{"estimator": "b", "seed": s, "v": 0.5 + 0.02 * s} for s in (0, 1, 2)]
+    d = lib.differences(records, [("a", "b"), ("b", "a")], {"v": "v", "twice": lambda r: 2 * r["v"]})
+    ab = d["a-b"]["v"]
+    assert ab["seeds"] == [0, 1, 2] and ab["per_seed"] == pytest.approx([0.1, 0.09, 0.08])  # seed 3 unpaired
+    assert ab["mean"] == pytest.approx(0.09) and ab["se"] == pytest.approx(0.01 / math.sqrt(3))
+    assert ab["verdict"] == "win" and d["b-a"]["v"]["verdict"] == "lose"
+    assert d["a-b"]["twice"]["mean"] == pytest.approx(0.18)
+    assert lib.cell(ab) == "+0.090 +- 0.012 (3 seeds, win)"
+    strict = lib.differences(records, [("a", "b")], {"v": "v"}, rule=lambda diff: "big" if diff["mean"] > 0.5 else "small")
+    assert strict["a-b"]["v"]["verdict"] == "small"  # the verdict rule is a hook
+    assert lib.cell(lib.differences(records, [("a", "c")], {"v": "v"})["a-c"]["v"]) == "n/a"
+    assert lib.mean_se([1.0, 2.0, 3.0]) == pytest.approx((2.0, 1 / math.sqrt(3))) and lib.mean_se([1.0])[1] is None
+
+
+def test_round_robin_timing_calls_each_once_to_warm_up_then_per_repeat():
+    lib = _load("benchlib")
+    calls = {"a": 0, "b": 0}
+
+    def call(name: str):
+        calls[name] += 1
+        return calls[name]
+
+    repeats: list[int] = []
+    results, times = lib.time_round_robin({n: (lambda n=n: call(n)) for n in calls}, 3, on_repeat=repeats.append)
+    assert calls == {"a": 4, "b": 4} and results == {"a": 1, "b": 1} and repeats == [0, 1, 2]
+    assert all(wall >= 0 and cpu >= 0 for wall, cpu in times.values())
+    _, untimed = lib.time_round_robin({"a": lambda: call("a")}, 0)
+    assert all(math.isnan(x) for x in untimed["a"])
+
+
+def test_run_launcher_checks_exit_code_and_steps_and_records_relative_paths(tmp_path, monkeypatch):
+    lib = _load("benchlib")
+    seen = {}
+
+    def fake_run(cmd, env, text, stdout, stderr):
+        seen.update(cmd=cmd, env=env)
+        ckpt = Path(cmd[-1].split("=", 1)[1])
+        ckpt.mkdir(parents=True, exist_ok=True)
+        out = "".join(f"step:{k} - critic/score/mean:0.{k} - timing_s/step:2.0\n" for k in range(1, seen["steps"] + 1))
+        if stdout is not subprocess.PIPE:
+            stdout.write(out)
+        return subprocess.CompletedProcess(cmd, seen["rc"], out if stdout is subprocess.PIPE else None)
+
+    monkeypatch.setattr(lib.subprocess, "run", fake_run)
+    seen.update(steps=2, rc=0)
+    ckpt = str(lib.REPO / "runs" / "test-benchlib-ckpt")
+    run = lib.run_launcher("gae", 2, ["data.seed=1"], {"WORK_DIR": "w"}, tmp_path / "logs" / "x.log", ckpt)
+    assert run.steps == {1: {"critic/score/mean": 0.1, "timing_s/step": 2.0}, 2: {"critic/score/mean": 0.2,
+                                                                                  "timing_s/step": 2.0}}
+    assert run.command == ("bash examples/cpu/common.sh gae trainer.total_training_steps=2 data.seed=1 "
+                           "trainer.default_local_dir=runs/test-benchlib-ckpt")
+    assert seen["env"]["WORK_DIR"] == "w" and "PYTHON" in seen["env"] and not os.path.exists(ckpt)
+    assert (tmp_path / "logs" / "x.log").read_text().startswith("step:1 - ")
+    with pytest.raises(lib.LauncherError, match="2 of 3 steps logged"):
+        lib.run_launcher("gae", 3)
+    seen.update(rc=1)
+    with pytest.raises(lib.LauncherError, match="exit code 1"):
+        lib.run_launcher("gae", 2)
+
+
+# ----------------------------------------------------------------------------------------- committed records
+
+
+def test_no_committed_record_holds_a_machine_path():
+    lib = _load("benchlib")
+    files = [p for p in (REPO / "benchmarks" / "results").rglob("*") if p.is_file()]
+    assert len(files) >= 37 + 18  # the critic regimes' and the multi-turn comparison's records
+    machine = re.compile(r"(?<![\w.])/(work|tmp|home|root|Users|mnt|var|opt|srv|data|scratch)/")
+    for path in files:
+        text = path.read_text()
+        assert not machine.search(text), path
+        if path.suffix == ".json":
+            assert lib.machine_paths(json.loads(text)) == [], path  # no string, nor word of one, is an absolute path
+
+
+# ------------------------------------------------------------------------------------------- step scaling etc.
 
 
 def test_step_scaling_rejects_prompt_counts_that_are_not_multiples_of_four():
     bench = _load("bench_cpu_step_scaling")
-    assert bench._int_list("16,32,64", "--prompts") == [16, 32, 64]
+    assert bench.prompt_counts("16,32,64") == [16, 32, 64]
     with pytest.raises(SystemExit, match="--prompts: every value must be a positive multiple of 4"):
-        bench._int_list("16,30", "--prompts")
+        bench.prompt_counts("16,30")
     with pytest.raises(SystemExit, match="--prompts: expected a comma list of integers"):
-        bench._int_list("16,a", "--prompts")
+        bench.prompt_counts("16,a")
 
 
 def test_step_scaling_needs_two_steps_before_running_anything(tmp_path):
@@ -52,10 +197,11 @@ def test_tiny_learning_needs_a_prepared_work_dir(tmp_path):
         bench.main(["--work-dir", str(tmp_path)])
 
 
+# ------------------------------------------------------------------------------------------ bench_edge_vs_length
+
+
 def _fake_length(root: Path, terms: str, shift: dict[str, float], length: float) -> None:
     """What the demo writes for one length of the edge sweep: results.json and metrics.jsonl of both parts."""
-    import json
-
     bench = _load("bench_edge_vs_length")
     for name, arms, seeds in bench.PARTS:
         part = root / f"terms-{terms}" / name
@@ -71,34 +217,36 @@ def _fake_length(root: Path, terms: str, shift: dict[str, float], length: float)
 
 def test_edge_report_pairs_seeds_and_applies_the_rule(tmp_path):
     bench = _load("bench_edge_vs_length")
+    _fake_length(tmp_path, "8-10", {"group_ppo": 0.0, "gae": 0.0, "sae": 0.0, "grpo": 0.0}, 27.0)
+    _fake_length(tmp_path, "4-5", {"group_ppo": 0.02, "gae": 0.0, "sae": -0.03, "grpo": 0.0}, 12.0)
+    (tmp_path / "terms-8-10.log").write_text("a sweep's log beside its folders is not a length")
+    rows = bench.load_rows(str(tmp_path))
+    assert [(r.terms, r.mean_response_length) for r in rows] == [("4-5", 12.0), ("8-10", 27.0)]  # by length
+    g, s = rows[0].differences["group_ppo-gae"]["final"], rows[0].differences["sae-gae"]["final"]
+    assert g["seeds"] == [0, 1, 2, 3, 4, 5] and g["mean"] == pytest.approx(0.02) and g["verdict"] == "win"
+    assert s["seeds"] == [0, 1, 2] and s["mean"] == pytest.approx(-0.03) and s["verdict"] == "lose"
+    text = bench.report(str(tmp_path), str(tmp_path / "edge.png"))
+    first = _table(text, "terms")
+    assert [row[0] for row in first] == ["4-5", "8-10"]
+    assert _numbers(first[0][2]) == pytest.approx([0.02, 0.0, 6]) and "win" in first[0][2]
+    assert _numbers(first[1][2]) == pytest.approx([0.0, 0.0, 6]) and "level" in first[1][2]
+    finals = _numbers(_table(text.split("\n\n", 1)[1], "terms")[0][1])
+    # arm means with their seed counts: 6 seeds for group_ppo and gae (0.5 + 0.02 + 0.025), 3 for sae and grpo
+    assert finals == pytest.approx([0.545, 6, 0.525, 6, 0.48, 3, 0.51, 3])
+    # every seed's difference is the same (no spread, margin 0): GROUP-PPO's +0.02 -> 0 shrinks, SAE's -0.03 -> 0 grows
+    assert bench.trend(rows, "group_ppo-gae")["verdict"] == "shrinks"
+    assert bench.trend(rows, "sae-gae")["verdict"] == "grows"
+    assert "**shrinks**" in text and "**grows**" in text
+
+
+def test_edge_figure_shows_each_lengths_difference_and_error_bar(tmp_path):
+    bench = _load("bench_edge_vs_length")
     _fake_length(tmp_path, "4-5", {"group_ppo": 0.02, "gae": 0.0, "sae": -0.03, "grpo": 0.0}, 12.0)
     _fake_length(tmp_path, "8-10", {"group_ppo": 0.0, "gae": 0.0, "sae": 0.0, "grpo": 0.0}, 27.0)
-    data = bench.load_length(str(tmp_path / "terms-4-5"))
-    assert data["mean_response_length"] == 12.0 and len(data["runs"]) == 4 * 3 + 2 * 3
-    diff = bench.differences(data["runs"])
-    g, s = diff["group_ppo-gae"]["final"], diff["sae-gae"]["final"]
-    assert g["seeds"] == [0, 1, 2, 3, 4, 5] and g["mean"] == pytest.approx(0.02)
-    assert s["seeds"] == [0, 1, 2] and s["mean"] == pytest.approx(-0.03)
-    (tmp_path / "terms-8-10.log").write_text("a sweep's log beside its folders is not a length")
-    figure = tmp_path / "edge.png"
-    table = bench.report(str(tmp_path), str(figure))
-    first, second = table.split("\n\n")[:2]
-    rows = first.splitlines()[2:]
-    assert [r.split("|")[1].strip() for r in rows] == ["4-5", "8-10"]  # ordered by response length
-    # arm means with their seed counts: 6 seeds for group_ppo and gae (0.5 + 0.02 + 0.025), 3 for sae and grpo
-    assert second.splitlines()[2].startswith("| 4-5 | 0.545 (6) / 0.525 (6) / 0.480 (3) / 0.510 (3) | ")
-    assert figure.stat().st_size > 0
-    # every seed's difference is the same (no spread, margin 0): GROUP-PPO's +0.02 -> 0 shrinks, SAE's -0.03 -> 0 grows
-    assert "GROUP-PPO - PPO, 4-5 -> 8-10 terms: final -0.020 (margin 0.000), area -0.010 (margin 0.000): " \
-           "**shrinks**" in table
-    assert "SAE - PPO, 4-5 -> 8-10 terms: final +0.030 (margin 0.000), area +0.015 (margin 0.000): **grows**" in table
-
-
-def _rows(final: list[tuple[float, float]], area: list[tuple[float, float]]) -> list:
-    """Report rows of one pair ("p") from (mean, se) per length, shortest first."""
-    length = _load("bench_edge_vs_length").Length
-    return [length(str(i), float(i), {"p": {"final": {"mean": f[0], "se": f[1]}, "area": {"mean": a[0], "se": a[1]}}},
-                   {}) for i, (f, a) in enumerate(zip(final, area))]
+    data = bench.figure_data(bench.load_rows(str(tmp_path)))
+    assert set(data) == {"final", "area"} and set(data["final"]) == {"group_ppo-gae", "sae-gae"}
+    assert data["final"]["group_ppo-gae"] == [pytest.approx((12.0, 0.02, 0.0)), pytest.approx((27.0, 0.0, 0.0))]
+    assert data["area"]["sae-gae"][0] == pytest.approx((12.0, -0.015, 0.0))
 
 
 @pytest.mark.parametrize("final,area,verdict", [
@@ -109,8 +257,10 @@ def _rows(final: list[tuple[float, float]], area: list[tuple[float, float]]) -> 
     ([(0.0, None), (0.05, 0.01)], [(0.0, 0.001), (0.0, 0.001)], "no trend shown"),  # one seed: no SE
 ])
 def test_edge_trend_rule(final, area, verdict):
-    bench = _load("bench_edge_vs_length")
-    assert bench.trend(_rows(final, area), "p")["verdict"] == verdict
+    length = _load("bench_edge_vs_length").Length
+    rows = [length(str(i), float(i), {"p": {"final": {"mean": f[0], "se": f[1]}, "area": {"mean": a[0], "se": a[1]}}},
+                   {}) for i, (f, a) in enumerate(zip(final, area))]
+    assert _load("bench_edge_vs_length").trend(rows, "p")["verdict"] == verdict
 
 
 def test_edge_sweep_needs_a_length_or_the_report(tmp_path):
@@ -122,20 +272,38 @@ def test_edge_sweep_needs_a_length_or_the_report(tmp_path):
         bench.report(str(tmp_path), str(tmp_path / "x.png"))
 
 
-# ------------------------------------------------------------------------------------ bench_multiturn
+# ------------------------------------------------------------------------------------------------ bench_multiturn
 
 
 def _multiturn_record(arm: str, seed: int, rewards: list[float], turns: float = 4.0) -> dict:
-    return {"arm": arm, "seed": seed, "steps": {str(k + 1): {"critic/score/mean": r, "num_turns/mean": turns,
-                                                            "timing_s/step": 2.0} for k, r in enumerate(rewards)}}
+    bench = _load("bench_multiturn")
+    estimator, extra, _ = bench.ARMS[arm]
+    return {"arm": arm, "seed": seed, "command": f"MULTI_TURN=1 bash examples/cpu/common.sh {estimator} "
+            f"data.seed={seed} {' '.join(extra)}",
+            "steps": {str(k + 1): {"critic/score/mean": r, "num_turns/mean": turns, "timing_s/step": 2.0}
+                      for k, r in enumerate(rewards)}}
 
 
 def test_multiturn_plan_covers_every_arm_and_seed_once_seeds_first():
     bench = _load("bench_multiturn")
-    plan = bench.plan()
-    assert len(plan) == len(set(plan)) == sum(len(seeds) for _, _, seeds in bench.ARMS.values()) == 18
-    assert plan[:4] == [("group_ppo", 0), ("group_ppo_turn", 0), ("gae", 0), ("grpo", 0)]
-    assert [s for _, s in plan] == sorted(s for _, s in plan)
+    runs = bench.sweep("results").runs
+    assert len(runs) == len(set(runs)) == sum(len(seeds) for _, _, seeds in bench.ARMS.values()) == 18
+    assert [(r.arm, r.seed) for r in runs[:4]] == [("group_ppo", 0), ("group_ppo_turn", 0), ("gae", 0), ("grpo", 0)]
+    assert [r.seed for r in runs] == sorted(r.seed for r in runs)
+    # boundary_rule=turn is one group per turn by itself: the arm passes no cap
+    assert bench.ARMS["group_ppo_turn"][1] == ("++algorithm.group_params.boundary_rule=turn",)
+
+
+def test_multiturn_accepts_records_of_the_arms_setting_only():
+    bench = _load("bench_multiturn")
+    turn = _multiturn_record("group_ppo_turn", 0, [0.2] * 10)
+    assert bench.accepts(turn) and bench.accepts(_multiturn_record("gae", 1, [0.2] * 10))
+    assert bench.accepts({**turn, "command": turn["command"] + " ++algorithm.group_params.group_max_size=96"})
+    assert not bench.accepts({**turn, "command": turn["command"] + " ++algorithm.group_params.group_max_size=16"})
+    assert not bench.accepts({**turn, "command": turn["command"].replace("boundary_rule=turn", "boundary_rule=fixed")})
+    assert not bench.accepts({**turn, "arm": "group_ppo"})  # the default arm passes no override
+    assert not bench.accepts({**turn, "command": turn["command"].replace("common.sh group_ppo", "common.sh gae")})
+    assert not bench.accepts({"arm": "gae", "seed": 0, "steps": {}})  # no command: not a record of this sweep
 
 
 def test_multiturn_report_pairs_seeds_applies_the_rule_and_lists_missing_runs():
@@ -147,11 +315,17 @@ def test_multiturn_report_pairs_seeds_applies_the_rule_and_lists_missing_runs():
     metrics = bench.run_metrics(runs[3])
     assert metrics["final"] == pytest.approx(0.25) and metrics["area"] == pytest.approx(0.25)
     text = bench.report(runs)
-    row = next(line for line in text.splitlines() if line.startswith("| group_ppo - gae | final"))
-    assert "| 3 | +0.060 +- " in row and row.endswith("| win |")
-    assert next(line for line in text.splitlines() if line.startswith("| grpo - gae | final")).endswith("| 1 | -0.100 +- n/a | level |")
-    assert "| group_ppo_turn - gae | final | 0 | - | - |" in text
-    assert "Missing runs (11)" in text and "gae-seed3" in text and "group_ppo-seed0" not in text.split("Missing")[1]
+    arms = {row[0]: row for row in _table(text, "arm")}
+    assert _numbers(arms["group_ppo"][1] + " " + arms["group_ppo"][2]) == pytest.approx([3, 0.26])
+    assert arms["group_ppo_turn"][1] == "0"
+    pairs = {(row[0], row[1]): row for row in _table(text, "pair")}
+    win = pairs[("group_ppo - gae", "final")]
+    assert win[2] == "3" and _numbers(win[3]) == pytest.approx([0.06, 2 * 0.01 / math.sqrt(3)], abs=1e-3)
+    assert win[4] == "win"
+    assert pairs[("grpo - gae", "final")][2:] == ["1", "-0.100 +- n/a", "level"]  # one seed: no SE, level
+    assert pairs[("group_ppo_turn - gae", "area")][2:] == ["0", "-", "-"]
+    missing = text.split("Missing runs (")[1]
+    assert missing.startswith("11)") and "gae-seed3" in missing and "group_ppo-seed0" not in missing
     assert "- not recorded: seeds 0, 1, 2" in text  # records without the warm start's figures
 
 
@@ -169,8 +343,22 @@ def test_multiturn_report_names_the_warm_start_of_each_seed(tmp_path):
     assert "- sampled 0.195, greedy 0.578, calls/response 1.76: seeds 1, 2" in text
 
 
-def test_multiturn_needs_enough_steps_for_the_final_window(tmp_path):
+def test_multiturn_needs_enough_steps_for_the_final_window(tmp_path, capsys):
     bench = _load("bench_multiturn")
     with pytest.raises(SystemExit, match="--steps"):
         bench.main(["--steps", "5", "--output-dir", str(tmp_path)])
     assert bench.main(["--report", "--results-dir", str(tmp_path)]) == 0  # nothing run: every run missing
+    assert "Missing runs (18)" in capsys.readouterr().out
+
+
+def test_multiturn_report_reproduces_the_committed_tables():
+    """docs/results.md's multi-turn tables are what --report prints from benchmarks/results/multiturn/."""
+    bench = _load("bench_multiturn")
+    records = [record for _, record in bench.sweep(bench.RESULTS_DIR).records(bench.accepts)]
+    assert len(records) == 18  # every committed record is accepted, those run with the old cap included
+    text, docs = bench.report(records), (REPO / "docs" / "results.md").read_text()
+    for row in _table(text, "arm"):  # every column but the step time, which the docs leave out
+        assert "| " + " | ".join(row[:-1]) + " |" in docs, row
+    for arm, metric, seeds, diff, verdict in _table(text, "pair"):
+        assert re.search(re.escape(diff) + rf" \({seeds}\), (\*\*)?{verdict}", docs), (arm, metric)
+    assert "Missing runs (0): none" in text
