@@ -13,12 +13,12 @@ stopped and ``--report`` reproduces the tables without the model.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from benchlib import REPO, read_json, write_json
+
 RESULTS = os.path.join("benchmarks", "results", "smollm2_task")
 QUESTIONS, SAMPLES, MAX_TOKENS, LENGTHS, SEED = 40, 2, 24, (16, 24, 32), 0
 BAND, WIDE_BAND = (0.10, 0.60), (0.05, 0.70)
@@ -29,19 +29,11 @@ def record_path(name: str) -> str:
 
 
 def load(name: str) -> dict | None:
-    path = record_path(name)
-    if not os.path.exists(path):
-        return None
-    with open(path) as f:
-        return json.load(f)
+    return read_json(record_path(name))
 
 
 def save(name: str, record: dict) -> None:
-    path = record_path(name)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path + ".tmp", "w") as f:
-        json.dump(record, f, indent=1)
-    os.replace(path + ".tmp", path)
+    write_json(record_path(name), record)
 
 
 def choose(records: dict[tuple[str, str], dict], prompt_lengths: dict[str, int]) -> tuple[str, list[str], tuple]:
