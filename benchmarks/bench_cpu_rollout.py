@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import statistics
 import subprocess
 import sys
@@ -36,7 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchlib import REPO, run_launcher
+from benchlib import REPO, random_prompts, run_launcher
 
 TINY_RUNS = (("hf", "fp32", []), ("vllm", "fp32", ["actor_rollout_ref.rollout.dtype=float32"]),
              ("vllm", "bf16", ["actor_rollout_ref.rollout.dtype=bfloat16"]))  # bf16: verl's default rollout.dtype
@@ -96,11 +95,6 @@ def build_standin(directory: str) -> None:
     config.pad_token_id = 151643
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(directory)
-
-
-def make_prompts(count: int, seed: int = 0) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(1000, 150000) for _ in range(rng.randint(24, 48))] for _ in range(count)]
 
 
 def fp32_logprobs(model, prompts: list[list[int]], responses: list[list[int]]) -> list[list[float]]:
@@ -170,7 +164,7 @@ def bench_standin(prompts_n: int, tokens: int) -> list[dict]:
     import torch
     from transformers import AutoModelForCausalLM
 
-    prompts = make_prompts(prompts_n)
+    prompts = random_prompts(prompts_n, 1000, 150000, 24, 48)
     rows = []
     with tempfile.TemporaryDirectory() as directory:
         build_standin(directory)

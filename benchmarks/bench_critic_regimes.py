@@ -28,7 +28,7 @@ import sys
 import time
 from typing import Any, Optional
 
-from benchlib import REPO, Run, Sweep, cell, differences, figure, mean_se, plan, run_pending, save_figure
+from benchlib import DEMO_METRICS, REPO, Run, Sweep, cell, differences, figure, mean_se, plan, run_pending, save_figure
 
 REGIMES = ("recipe", "pretrained")
 #: value pretraining of the ``pretrained`` regime (fixed before the comparison: docs/results.md)
@@ -43,8 +43,6 @@ NO_CRITIC_ARMS = (("grpo", (0, 1, 2)),)
 PAIRS = (("group_ppo", "gae"), ("group_ppo_per_token", "gae"), ("endpoint_loss", "gae"), ("vapo", "gae"),
          ("grpo", "gae"), ("group_ppo_per_token", "group_ppo"), ("endpoint_loss", "group_ppo"))
 ARM_ORDER = ("group_ppo", "group_ppo_per_token", "endpoint_loss", "gae", "vapo", "grpo")
-#: the metrics of a paired difference: final sampled accuracy and learning-curve area
-METRICS = {"final": "final_eval_accuracy", "area": "curve_area"}
 #: a run's critic explained variance at the end: the mean of its last steps' ``critic/vf_explained_var``
 EV_LAST_STEPS = 10
 
@@ -156,7 +154,7 @@ def regime_lines(regime: str, runs: list[dict], summary: dict[str, dict]) -> lis
         lines += [f"Pretrained critic, held-out explained variance before RL: {pretrained[0]:.3f}", ""]
     lines += ["| arm | final accuracy, mean (seeds) | critic explained variance at the end | - PPO, final "
               "| - PPO, area |", "|---|---|---|---|---|"]
-    diffs = differences(runs, PAIRS, METRICS)
+    diffs = differences(runs, PAIRS, DEMO_METRICS)
     for arm, row in summary.items():
         ev = "n/a" if row["critic_ev"] is None else f"{row['critic_ev']:.3f}"
         pair = diffs.get(f"{arm}-gae")
@@ -188,7 +186,7 @@ def regime_differences(by_regime: dict[str, list[dict]]) -> list[str]:
     """Table lines: each critic arm's ``pretrained - recipe`` paired difference (what pretraining does to it)."""
     tagged = [{**r, "estimator": f"{r['estimator']}@{regime}"} for regime, runs in by_regime.items() for r in runs]
     arms = [arm for arm, _ in CRITIC_ARMS]
-    diffs = differences(tagged, [(f"{a}@{REGIMES[1]}", f"{a}@{REGIMES[0]}") for a in arms], METRICS)
+    diffs = differences(tagged, [(f"{a}@{REGIMES[1]}", f"{a}@{REGIMES[0]}") for a in arms], DEMO_METRICS)
     lines = [f"### `{REGIMES[1]}` - `{REGIMES[0]}`, per arm", "", "| arm | final | area |", "|---|---|---|"]
     for arm in arms:
         d = diffs[f"{arm}@{REGIMES[1]}-{arm}@{REGIMES[0]}"]

@@ -26,7 +26,7 @@ import os
 import sys
 from typing import Any, NamedTuple
 
-from benchlib import REPO, cell, differences, figure, save_figure
+from benchlib import DEMO_METRICS, REPO, cell, differences, figure, save_figure
 
 #: the runs of one length: (name, arms, seeds)
 PARTS = (("a", "group_ppo,gae,sae,grpo", "0,1,2"), ("b", "group_ppo,gae", "3,4,5"))
@@ -34,8 +34,6 @@ PARTS = (("a", "group_ppo,gae,sae,grpo", "0,1,2"), ("b", "group_ppo,gae", "3,4,5
 #: (arm, baseline)
 PAIRS = (("group_ppo", "gae"), ("sae", "gae"), ("sae", "group_ppo"), ("grpo", "gae"))
 ARMS = ("group_ppo", "gae", "sae", "grpo")
-#: the metrics of a paired difference: final sampled accuracy and learning-curve area
-METRICS = {"final": "final_eval_accuracy", "area": "curve_area"}
 
 
 class Length(NamedTuple):
@@ -136,7 +134,7 @@ def load_rows(out_root: str) -> list[Length]:
             print(f"[edge] {entry} left out of the report: {err}", file=sys.stderr)
             continue
         rows.append(Length(entry[len("terms-"):], data["mean_response_length"],
-                           differences(data["runs"], PAIRS, METRICS), summarise(data["runs"])["estimators"]))
+                           differences(data["runs"], PAIRS, DEMO_METRICS), summarise(data["runs"])["estimators"]))
     return sorted(rows, key=lambda r: r.mean_response_length)
 
 
@@ -178,7 +176,8 @@ def figure_data(rows: list[Length]) -> dict[str, dict[str, list[tuple[float, flo
         d = row.differences[pair][metric]
         return row.mean_response_length, d["mean"], math.nan if d["se"] is None else 2 * d["se"]
 
-    return {metric: {pair: [point(row, pair, metric) for row in rows] for pair, *_ in SERIES} for metric in METRICS}
+    return {metric: {pair: [point(row, pair, metric) for row in rows] for pair, *_ in SERIES}
+            for metric in DEMO_METRICS}
 
 
 def plot(rows: list[Length], path: str) -> None:

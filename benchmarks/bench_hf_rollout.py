@@ -21,13 +21,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import random
 import statistics
 import tempfile
 import time
 from typing import Any
 
 import torch
+from benchlib import random_prompts
 
 
 def build_model(directory: str, hidden: int, layers: int, vocab: int, seed: int) -> Any:
@@ -41,12 +41,6 @@ def build_model(directory: str, hidden: int, layers: int, vocab: int, seed: int)
     model = Qwen2ForCausalLM(config).eval()
     model.save_pretrained(directory)
     return model
-
-
-def make_prompts(count: int, vocab: int, min_len: int, max_len: int, seed: int) -> list[list[int]]:
-    """``count`` random prompts of random lengths in [min_len, max_len] (token ids >= 2)."""
-    rng = random.Random(seed)
-    return [[rng.randrange(2, vocab) for _ in range(rng.randint(min_len, max_len))] for _ in range(count)]
 
 
 SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True}
@@ -129,7 +123,7 @@ def main() -> None:
              runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}})
     with tempfile.TemporaryDirectory() as model_dir:
         model = build_model(model_dir, args.hidden, args.layers, args.vocab, seed=0)
-        prompts = make_prompts(args.responses, args.vocab, args.min_prompt_len, args.max_prompt_len, seed=1)
+        prompts = random_prompts(args.responses, 2, args.vocab, args.min_prompt_len, args.max_prompt_len, seed=1)
         server = start_server(model_dir, args)
         times = asyncio.run(run_rounds(server, model, prompts, args))
         batches = ray.get(server.stats.remote())["batch_sizes"]

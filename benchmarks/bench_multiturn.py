@@ -34,9 +34,8 @@ ARMS: dict[str, tuple[str, tuple[str, ...], tuple[int, ...]]] = {
     "gae": ("gae", (), (0, 1, 2, 3, 4, 5)),
     "grpo": ("grpo", (), (0, 1, 2)),
 }
-#: overrides a record may hold beyond its arm's, because they change nothing: the committed group_ppo_turn runs
-#: capped groups at 96 tokens (when ``turn`` needed a cap to mean one group per turn), the launcher's
-#: ``data.max_response_length``, so no turn was cut
+#: overrides a record may hold beyond its arm's, because they change nothing: ``turn`` ignores the cap, and 96 is
+#: the launcher's response length (the committed group_ppo_turn records carry it)
 ALSO_ACCEPTED = {"group_ppo_turn": ("++algorithm.group_params.group_max_size=96",)}
 #: the paired differences reported (arm, baseline): each arm against PPO, and turn groups against the defaults
 PAIRS = (("group_ppo", "gae"), ("group_ppo_turn", "gae"), ("grpo", "gae"), ("group_ppo_turn", "group_ppo"))

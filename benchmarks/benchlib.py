@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import random
 import re
 import shutil
 import statistics
@@ -27,6 +28,8 @@ from typing import Any, Callable, Iterable, Mapping, NamedTuple, Optional, Seque
 REPO = Path(__file__).resolve().parents[1]
 LAUNCHER = REPO / "examples" / "cpu" / "common.sh"
 Accept = Optional[Callable[[dict], bool]]
+#: the paired metrics of a demo run's record: final sampled accuracy and learning-curve area
+DEMO_METRICS = {"final": "final_eval_accuracy", "area": "curve_area"}
 
 
 def machine_paths(data: Any) -> list[str]:
@@ -74,6 +77,12 @@ def int_list(text: str, name: str) -> list[int]:
     if not values:
         raise SystemExit(f"{name}: expected at least one value, got {text!r}")
     return values
+
+
+def random_prompts(count: int, low: int, high: int, min_len: int, max_len: int, seed: int = 0) -> list[list[int]]:
+    """``count`` prompts of random token ids in ``[low, high)``, each of a random length in ``[min_len, max_len]``."""
+    rng = random.Random(seed)
+    return [[rng.randrange(low, high) for _ in range(rng.randint(min_len, max_len))] for _ in range(count)]
 
 
 class LauncherError(RuntimeError):

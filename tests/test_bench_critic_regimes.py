@@ -14,7 +14,8 @@ def _fake_record(job, shift: float = 0.0) -> dict:
     final = 0.5 + shift + 0.01 * job.seed + (0.02 if job.condition == "pretrained" else 0.0)
     return {"estimator": job.arm, "seed": job.seed, "regime": job.condition, "steps": 200, "final_eval_accuracy": final,
             "curve_area": final / 2, "curve": [[0, 0.1], [200, final]], "wall_time_s": 1.0,
-            "final_critic_explained_variance": None if job.arm == "grpo" else 0.1 + 0.2 * (job.condition == "pretrained"),
+            "final_critic_explained_variance": (None if job.arm == "grpo"
+                                                else 0.1 + 0.2 * (job.condition == "pretrained")),
             "pretrained_heldout_explained_variance": 0.35 if job.condition == "pretrained" else None}
 
 

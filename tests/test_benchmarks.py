@@ -93,8 +93,8 @@ def test_differences_pair_by_seed_and_apply_the_rule():
     assert ab["verdict"] == "win" and d["b-a"]["v"]["verdict"] == "lose"
     assert d["a-b"]["twice"]["mean"] == pytest.approx(0.18)
     assert lib.cell(ab) == "+0.090 +- 0.012 (3 seeds, win)"
-    strict = lib.differences(records, [("a", "b")], {"v": "v"}, rule=lambda diff: "big" if diff["mean"] > 0.5 else "small")
-    assert strict["a-b"]["v"]["verdict"] == "small"  # the verdict rule is a hook
+    big = lib.differences(records, [("a", "b")], {"v": "v"}, rule=lambda diff: "big" if diff["mean"] > 0.5 else "small")
+    assert big["a-b"]["v"]["verdict"] == "small"  # the verdict rule is a hook
     assert lib.cell(lib.differences(records, [("a", "c")], {"v": "v"})["a-c"]["v"]) == "n/a"
     assert lib.mean_se([1.0, 2.0, 3.0]) == pytest.approx((2.0, 1 / math.sqrt(3))) and lib.mean_se([1.0])[1] is None
 
