@@ -12,7 +12,9 @@ which then installs, in that process:
   parameter loads and offloads that leave host tensors in place (:mod:`~verl_group_ppo.cpu.fsdp1`);
 * a critic value-model loader that uses the configured attention (:mod:`~verl_group_ppo.cpu.valuehead`);
 * verl's own vLLM rollout on vLLM's CPU build, ``actor_rollout_ref.rollout.name=vllm``
-  (:mod:`~verl_group_ppo.cpu.vllm_rollout`, :mod:`~verl_group_ppo.cpu.vllm_worker`).
+  (:mod:`~verl_group_ppo.cpu.vllm_rollout`; its driver-side start-up checks :mod:`~verl_group_ppo.cpu.vllm_checks`,
+  its server and worker extension :mod:`~verl_group_ppo.cpu.vllm_server`, :mod:`~verl_group_ppo.cpu.vllm_worker`,
+  what they share :mod:`~verl_group_ppo.cpu.vllm_common`).
 
 For verl's ``separate_async`` trainer, :mod:`~verl_group_ppo.cpu.checkpoint` adds a checkpoint engine that
 moves weights through Ray's object store (selected by two overrides; see that module).
@@ -33,8 +35,8 @@ import sys
 PLATFORM_ENV = "VERL_PLATFORM"
 """The environment variable verl reads to pick its platform; ``cpu`` turns this backend on."""
 
-ROLLOUT_NAME = "hf"
-"""The value of ``actor_rollout_ref.rollout.name`` that selects the CPU backend's rollout."""
+HF_ROLLOUT_NAME = "hf"
+"""The value of ``actor_rollout_ref.rollout.name`` that selects the CPU backend's own (``hf``) rollout."""
 
 ROLLOUT_MODULE = "verl_group_ppo.cpu.rollout"
 ADAPTER_PATH = f"{ROLLOUT_MODULE}.HFRolloutAdapter"
@@ -97,8 +99,8 @@ def _register_hf_rollout() -> None:
     from verl.workers.rollout import base as rollout_base
     from verl.workers.rollout.replica import RolloutReplicaRegistry
 
-    rollout_base._ROLLOUT_REGISTRY[(ROLLOUT_NAME, "async")] = ADAPTER_PATH
-    RolloutReplicaRegistry.register(ROLLOUT_NAME, _load_hf_replica)
+    rollout_base._ROLLOUT_REGISTRY[(HF_ROLLOUT_NAME, "async")] = ADAPTER_PATH
+    RolloutReplicaRegistry.register(HF_ROLLOUT_NAME, _load_hf_replica)
 
 
 def _load_hf_replica() -> type:

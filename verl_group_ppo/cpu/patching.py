@@ -1,8 +1,7 @@
 """The one way the CPU backend replaces a function of verl or torch: in place, once, with the original kept.
 
-Every patch of the backend (:mod:`.distributed`, :mod:`.fsdp1`, :mod:`.valuehead`) goes through
-:func:`replace_once`, so a second install finds its own replacement and does nothing, and tests can reach the
-function that was replaced through :data:`PATCH_MARK`.
+Every patch of the backend goes through :func:`replace_once`, so a second install finds its own replacement and
+does nothing, and tests can reach the function that was replaced through :data:`PATCH_MARK`.
 """
 
 from __future__ import annotations
