@@ -1,11 +1,14 @@
 """The house rules of the package (docs/architecture.md): short functions, no import cycle, a pure core.
 
-Read from the source with ``ast``, so run-time imports inside functions count as much as top-level ones.
+Read from the source with ``ast``, so run-time imports inside functions count as much as top-level ones, and so do
+modules named in strings (a dotted ``verl_group_ppo.x.y`` that Ray, vLLM, verl's ``pkg://`` paths or
+``import_module`` import by name).
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -24,13 +27,29 @@ def _sources() -> dict[str, ast.Module]:
     return {_module_name(p): ast.parse(p.read_text(), str(p)) for p in sorted(PACKAGE.rglob("*.py"))}
 
 
+DOTTED_NAME = re.compile(r"verl_group_ppo(?:\.[A-Za-z_]\w*)+")
+"""A dotted name of one of our modules (or of an object in it) inside a string."""
+
+
+def _named_in_strings(tree: ast.Module) -> list[str]:
+    """Every dotted ``verl_group_ppo.x.y`` in the string constants of ``tree`` that are a name rather than prose (no
+    whitespace): a class path for Ray or vLLM, a ``pkg://`` path, an f-string's literal part. A message or a
+    docstring that mentions a module imports nothing."""
+    return [match for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and not re.search(r"\s", node.value)
+            for match in DOTTED_NAME.findall(node.value)]
+
+
 def _imported_modules(name: str, tree: ast.Module, known: set[str]) -> set[str]:
-    """Our modules that ``name`` imports anywhere in its source (top level or inside functions)."""
+    """Our modules that ``name`` imports anywhere in its source (top level or inside functions), or names in a
+    string."""
     package = name if any(k.startswith(name + ".") for k in known) else name.rpartition(".")[0]
     found: set[str] = set()
-    for node in ast.walk(tree):
+    for node in [*ast.walk(tree), *_named_in_strings(tree)]:
         targets: list[str] = []
-        if isinstance(node, ast.Import):
+        if isinstance(node, str):
+            targets = [node]
+        elif isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
@@ -103,6 +122,20 @@ def test_run_time_imports_are_seen():
                      "    from verl_group_ppo import y\n")
     assert _imported_modules("verl_group_ppo.z", tree, {"verl_group_ppo.x", "verl_group_ppo.y",
                                                         "verl_group_ppo.z"}) == {"verl_group_ppo.x", "verl_group_ppo.y"}
+
+
+def test_modules_named_in_strings_are_seen_and_prose_is_not():
+    tree = ast.parse('"""Docs name verl_group_ppo.d, which imports nothing."""\n'
+                     'SERVER = "verl_group_ppo.x.Server"  # Ray or vLLM imports it by name\n'
+                     'REWARD = f"pkg://verl_group_ppo.y.{SERVER}"\n'
+                     'def f():\n    raise ValueError("rows come from verl_group_ppo.d")\n'
+                     'def g():\n    return "verl_group_ppo.z"\n')
+    known = {"verl_group_ppo.x", "verl_group_ppo.y", "verl_group_ppo.z", "verl_group_ppo.d", "verl_group_ppo.w"}
+    assert _imported_modules("verl_group_ppo.w", tree, known) == {"verl_group_ppo.x", "verl_group_ppo.y",
+                                                                   "verl_group_ppo.z"}
+    graph = {"verl_group_ppo.w": _imported_modules("verl_group_ppo.w", tree, known),
+             "verl_group_ppo.x": {"verl_group_ppo.w"}}  # x imports w, w names x in a string: a cycle
+    assert _cycle(graph) == ["verl_group_ppo.w", "verl_group_ppo.x", "verl_group_ppo.w"]
 
 
 def test_core_imports_no_glue_demo_or_verl_trainer():
