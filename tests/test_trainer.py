@@ -204,8 +204,8 @@ def run_steps(trainer, n_steps: int) -> list[dict]:
 
 
 def test_critic_warmup_updates_only_the_critic_while_groups_and_threshold_run(ray_tq):
-    # verl 0.9.1 updates the actor when trainer.critic_warmup <= global_steps (trainer_base.py:608), counting
-    # steps from 1 (trainer_base.py:454): critic_warmup=3 leaves steps 1 and 2 to the critic alone.
+    # verl 0.9.1 updates the actor when trainer.critic_warmup <= global_steps (trainer_base's _step_once), counting
+    # steps from 1 (fit adds 1 before each step): critic_warmup=3 leaves steps 1 and 2 to the critic alone.
     trainer = U.make_trainer(["trainer.critic_warmup=3", "++algorithm.group_params.threshold_lr=0.5"])
     steps = run_steps(trainer, 4)
     assert [s["critic"] for s in steps] == [True] * 4
@@ -242,7 +242,7 @@ def test_rollout_dump_writes_the_groups_beside_verls(ray_tq, tmp_path):
         samples = U.make_samples(seed=seed)
         threshold_used = trainer.group_threshold.value
         out = trainer._compute_advantage(U.put_samples(samples), {})
-        trainer._log_rollout_data(out, {}, str(dump))  # verl calls this after the step (trainer_base.py:506-508)
+        trainer._log_rollout_data(out, {}, str(dump))  # verl's fit calls this after the step
     trainer._shutdown_dump_executor()  # verl writes its own file on a thread
 
     assert sorted(os.listdir(dump)) == ["4.groups.jsonl", "4.jsonl", "5.groups.jsonl", "5.jsonl"]

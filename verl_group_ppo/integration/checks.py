@@ -10,8 +10,8 @@ verl function (wrapped by the entry point)  what runs first for ``algorithm.adv_
                                             one_step_off_policy entry points)
 ==========================================  ====================================================================
 
-verl's ``main_ppo`` calls ``need_critic`` and ``validate_config`` before ``ray.init`` (main_ppo.py:177-181),
-in that order, so a bad key is reported before the accelerator; the experimental entry points call
+verl's ``main_ppo`` calls ``need_critic`` and ``validate_config`` before ``ray.init`` (its ``main``, before
+``run_ppo``), in that order, so a bad key is reported before the accelerator; the experimental entry points call
 ``run_ppo`` (their ``main``) before Ray starts. Every other estimator gets exactly verl's behaviour.
 """
 

@@ -1,10 +1,10 @@
 """``{step}.groups.jsonl``: the groups of a real run, written beside verl's rollout dump.
 
 With ``trainer.rollout_data_dir`` set, verl's v1 trainer writes ``{rollout_data_dir}/{global_step}.jsonl``
-every step (trainer_base.py:506-508 calls ``_log_rollout_data``; the file name is built at
-trainer_base.py:1229). For ``group_ppo`` runs the trainer also writes ``{global_step}.groups.jsonl`` in
-the same folder: one JSON object per response, over its valid response tokens (``response_mask`` as
-the estimator saw it)::
+every step (``PPOTrainer.fit`` calls ``_log_rollout_data``; the file name is built in
+``_write_generations``, both in ``verl.trainer.ppo.v1.trainer_base``). For ``group_ppo`` runs the trainer
+also writes ``{global_step}.groups.jsonl`` in the same folder: one JSON object per response, over its valid
+response tokens (``response_mask`` as the estimator saw it)::
 
     {"step": int, "uid": str, "score": float, "tokens": [str], "group_ids": [int],
      "advantages": [float], "endpoints": [0/1], "row": {...}}

@@ -123,7 +123,7 @@ class GroupPPOTrainerMixin:
     def _records(self, batch: KVBatchMeta, fetched: dict, outputs: GroupPPOOutputs) -> list[dict[str, Any]]:
         """This batch's groups-file records, over the valid tokens of the mask the estimator saw."""
         # as the estimator saw them: verl stores token_level_rewards only when the KL penalty rewrote them
-        # (trainer_base.py:1787-1789); else they are the rm_scores
+        # (PPOTrainer._compute_advantage in verl's v1 trainer_base); else they are the rm_scores
         kl_in_reward = bool(select(self.config, "algorithm.use_kl_in_reward", False))
         seen = fetch_fields(batch, ["response_mask"] + (["token_level_rewards"] if kl_in_reward else []))
         rewards = seen["token_level_rewards"] if kl_in_reward else fetched["rm_scores"]
