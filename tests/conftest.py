@@ -47,6 +47,15 @@ def ray_tq():
 RAY_FIXTURES = ("ray_tq",)
 
 
+def pytest_sessionstart(session):
+    # The standard library answers platform.processor() by running `uname -p` once per process and caching it;
+    # verl asks for it on import of its engine workers. Asked here, so that whichever quick test first imports
+    # verl does not count as starting a process.
+    import platform
+
+    platform.processor()
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if any(name in getattr(item, "fixturenames", ()) for name in RAY_FIXTURES):
