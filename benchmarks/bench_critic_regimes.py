@@ -1,21 +1,17 @@
 #!/usr/bin/env python3
 """Where bootstrapping pays: the estimator family against PPO in two critic regimes, one run at a time.
 
-The pre-registered comparison of docs/results.md ("Critic regimes"): the default task, the demo's warm start,
-two critic regimes (``recipe``: the demo's critic recipe as it is; ``pretrained``: the same, starting from a
-critic pretrained on the warm-start policy's samples, :mod:`verl_group_ppo.demo.pretrain`), and the arms
-group_ppo, group_ppo_per_token, endpoint_loss, gae (lam 1), vapo in each regime and grpo once (it has no
-critic). Run it, and rerun the same command after an interruption::
+The pre-registered comparison of docs/results.md ("Critic regimes") on the default task from the demo's warm
+start: arms group_ppo, group_ppo_per_token, endpoint_loss, gae (lam 1) and vapo in two critic regimes
+(``recipe``: the demo's critic recipe; ``pretrained``: the same from a critic pretrained on the warm start's
+samples, :mod:`verl_group_ppo.demo.pretrain`), and grpo once (it has no critic). Rerun after an interruption::
 
     .venv/bin/python benchmarks/bench_critic_regimes.py --output-dir runs/critic-regimes
-
-Each finished run is written to its own JSON file (``RUNS/<regime>/<arm>-seed<seed>.json``); a rerun skips
-the finished ones and starts the unfinished ones again, and reuses the cached warm start and pretrained critic
-(``setup/cache``). The report, with whatever runs exist (the missing ones are listed)::
-
     .venv/bin/python benchmarks/bench_critic_regimes.py --output-dir runs/critic-regimes --report
 
-prints per regime the paired differences to PPO with the rule's verdicts, every arm's mean final accuracy
+Each finished run is one JSON file, ``RUNS/<regime>/<arm>-seed<seed>.json``: a rerun skips it, and reuses the
+cached warm start and pretrained critic (``setup/cache``). ``--report`` prints, of whatever runs exist (missing
+ones listed), per regime the paired differences to PPO with the rule's verdicts, each arm's mean final accuracy
 and its critic's final explained variance, and draws ``docs/critic_regimes.png`` (``--figure``).
 """
 
@@ -24,11 +20,12 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import statistics
 import sys
 import time
-from typing import Any, Optional
+from typing import Any
 
-from benchlib import DEMO_METRICS, REPO, Run, Sweep, cell, differences, figure, mean_se, plan, run_pending, save_figure
+from benchlib import DEMO_METRICS, REPO, Run, Sweep, cell, differences, figure, plan, run_pending
 
 REGIMES = ("recipe", "pretrained")
 #: value pretraining of the ``pretrained`` regime (fixed before the comparison: docs/results.md)
@@ -59,28 +56,17 @@ def finished(steps: int):
     return lambda record: record.get("steps") == steps
 
 
-def final_critic_ev(history: list[dict], last: int = EV_LAST_STEPS) -> Optional[float]:
-    """Mean ``critic/vf_explained_var`` over a run's last ``last`` steps (None without a critic)."""
-    values = [h["critic/vf_explained_var"] for h in history[-last:] if "critic/vf_explained_var" in h]
-    values = [v for v in values if v is not None and math.isfinite(v)]
-    return sum(values) / len(values) if values else None
-
-
 def run_record(run: Run, result: dict, pretrain_info: dict) -> dict:
     """What one run's file keeps: the fields the report and ``demo.report`` read, the critic's final explained
-    variance and the pretrained critic's held-out explained variance (pretrained regime)."""
+    variance (the mean finite ``critic/vf_explained_var`` of the last :data:`EV_LAST_STEPS` steps; None without
+    a critic) and the pretrained critic's held-out explained variance (pretrained regime)."""
     keep = ("estimator", "seed", "final_eval_accuracy", "final_eval_samples", "curve_area", "steps", "curve",
             "greedy_curve", "final_greedy_accuracy", "wall_time_s", "final_threshold")
-    record = {k: result[k] for k in keep if k in result}
-    record.update(regime=run.condition, final_critic_explained_variance=final_critic_ev(result["history"]),
-                  pretrained_heldout_explained_variance=pretrain_info.get("heldout_explained_variance"))
-    return record
-
-
-def pretrain_config(regime: str):
-    from verl_group_ppo.demo.pretrain import PretrainConfig
-
-    return PretrainConfig(**PRETRAINED) if regime == "pretrained" else PretrainConfig()
+    evs = [h.get("critic/vf_explained_var") for h in result["history"][-EV_LAST_STEPS:]]
+    evs = [v for v in evs if v is not None and math.isfinite(v)]
+    return {**{k: result[k] for k in keep if k in result}, "regime": run.condition,
+            "final_critic_explained_variance": sum(evs) / len(evs) if evs else None,
+            "pretrained_heldout_explained_variance": pretrain_info.get("heldout_explained_variance")}
 
 
 def run_sweep(out_dir: str, steps: int, log=print) -> int:
@@ -89,6 +75,7 @@ def run_sweep(out_dir: str, steps: int, log=print) -> int:
 
     import verl_group_ppo.demo.report  # noqa: F401  (loaded now: the report after hours of runs needs no file)
     from verl_group_ppo.demo.cli import DemoOptions, setup_demo
+    from verl_group_ppo.demo.pretrain import PretrainConfig
     from verl_group_ppo.demo.rl import RunConfig, run_one
 
     torch.set_num_threads(1)
@@ -96,8 +83,9 @@ def run_sweep(out_dir: str, steps: int, log=print) -> int:
 
     def one(run: Run) -> dict:
         if run.condition not in setups:  # the warm start (and the pretrained critic) from setup/cache when cached
+            pretrain = PretrainConfig(**PRETRAINED) if run.condition == "pretrained" else PretrainConfig()
             setups[run.condition] = setup_demo(DemoOptions(output_dir=os.path.join(out_dir, "setup"), no_progress=True),
-                                               RunConfig(steps=steps), "cpu", log, pretrain_config(run.condition))
+                                               RunConfig(steps=steps), "cpu", log, pretrain)
         s, t0 = setups[run.condition], time.time()
 
         def progress(rec: dict) -> None:
@@ -130,10 +118,11 @@ def arm_summary(runs: list[dict]) -> dict[str, dict]:
     for arm in ARM_ORDER:
         rs = sorted((r for r in runs if r["estimator"] == arm), key=lambda r: r["seed"])
         if rs:
-            mean, se = mean_se([r["final_eval_accuracy"] for r in rs])
+            finals = [r["final_eval_accuracy"] for r in rs]
             evs = [r["final_critic_explained_variance"] for r in rs
                    if r.get("final_critic_explained_variance") is not None]
-            out[arm] = {"seeds": [r["seed"] for r in rs], "final_mean": mean, "final_se": se,
+            out[arm] = {"seeds": [r["seed"] for r in rs], "final_mean": statistics.fmean(finals),
+                        "final_se": statistics.stdev(finals) / math.sqrt(len(rs)) if len(rs) > 1 else None,
                         "critic_ev": sum(evs) / len(evs) if evs else None}
     return out
 
@@ -205,22 +194,21 @@ def plot(summaries: dict[str, dict], path: str) -> None:
     """Final accuracy per arm (mean +- 2 SE over seeds), one bar per regime."""
     data = figure_data(summaries)
     arms = [a for a in ARM_ORDER if any(a == bar[0] for bars in data.values() for bar in bars)]
-    fig, ax = figure()
     width = 0.38
-    for k, (regime, color) in enumerate(zip(REGIMES, ("#7f7f7f", "#1f77b4"))):
-        xs = [arms.index(arm) + (k - 0.5) * width for arm, _, _ in data[regime]]
-        ax.bar(xs, [y for _, y, _ in data[regime]], width, yerr=[e for _, _, e in data[regime]], capsize=4,
-               color=color, label=f"critic: {regime}")
-    ax.set_xticks(range(len(arms)))
-    ax.set_xticklabels([_label(a).replace(" (", "\n(") for a in arms], fontsize=8)
-    ax.set_ylabel("final sampled accuracy")
-    ax.set_ylim(max(0.0, min(y for bars in data.values() for _, y, _ in bars) - 0.1), None)
-    ax.set_title("final accuracy per arm and critic regime (mean +- 2 SE over seeds; GRPO: one set of runs)")
-    ax.legend()
-    save_figure(fig, path)
+    with figure(path) as ax:
+        for k, (regime, color) in enumerate(zip(REGIMES, ("#7f7f7f", "#1f77b4"))):
+            xs = [arms.index(arm) + (k - 0.5) * width for arm, _, _ in data[regime]]
+            ax.bar(xs, [y for _, y, _ in data[regime]], width, yerr=[e for _, _, e in data[regime]], capsize=4,
+                   color=color, label=f"critic: {regime}")
+        ax.set_xticks(range(len(arms)))
+        ax.set_xticklabels([_label(a).replace(" (", "\n(") for a in arms], fontsize=8)
+        ax.set_ylabel("final sampled accuracy")
+        ax.set_ylim(max(0.0, min(y for bars in data.values() for _, y, _ in bars) - 0.1), None)
+        ax.set_title("final accuracy per arm and critic regime (mean +- 2 SE over seeds; GRPO: one set of runs)")
+        ax.legend()
 
 
-def build_parser() -> argparse.ArgumentParser:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--output-dir", default=os.path.join(REPO, "runs", "critic-regimes"),
                    help="where the runs, the setup cache and the log go (default: runs/critic-regimes)")
@@ -228,19 +216,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report", action="store_true", help="only print the report of the runs found and draw the figure")
     p.add_argument("--figure", default=os.path.join(REPO, "docs", "critic_regimes.png"),
                    help="the report's figure (default: docs/critic_regimes.png)")
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = p.parse_args(argv)
     if args.steps < 200 and not args.report:
-        build_parser().error("--steps: the pre-registered comparison needs at least 200 steps per run")
-    if args.report:
-        print(report(args.output_dir, args.figure))
-        return 0
-    for key, value in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"), ("TOKENIZERS_PARALLELISM", "false")):
-        os.environ.setdefault(key, value)
-    run_sweep(args.output_dir, args.steps, log=lambda m: print(m, flush=True))
+        p.error("--steps: the pre-registered comparison needs at least 200 steps per run")
+    if not args.report:
+        for key, value in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"), ("TOKENIZERS_PARALLELISM", "false")):
+            os.environ.setdefault(key, value)
+        run_sweep(args.output_dir, args.steps, log=lambda m: print(m, flush=True))
     print(report(args.output_dir, args.figure))
     return 0
 

@@ -1,20 +1,17 @@
 #!/usr/bin/env python3
 """Where GROUP-PPO's edge lies: the demo's arms against PPO at one response length, and the report over lengths.
 
-One length (the pre-registered sweep of docs/results.md, "Edge vs response length")::
+The pre-registered sweep of docs/results.md ("Edge vs response length"), one length at a time, then the report::
 
     .venv/bin/python benchmarks/bench_edge_vs_length.py --terms 4-5     # also 8-10 and 12-14
-
-runs the demo twice on one shared, cached warm start: group_ppo, gae, sae and grpo on seeds 0-2, then
-group_ppo and gae on seeds 3-5 (6 seeds for the pair the question is about, 3 for the others). The report::
-
     .venv/bin/python benchmarks/bench_edge_vs_length.py --report
 
-reads every length found under ``--output-dir``, prints the table of paired differences to PPO (final sampled
-accuracy and curve area, mean +- 2 paired standard errors, the rule's verdict) with the mean response length,
-a second table (each arm's mean final accuracy, SAE - GROUP-PPO and GRPO - PPO), the pre-registered trend
-verdicts, and draws ``docs/edge_vs_length.png`` (``--figure``). Nothing is tuned per arm: every arm runs the demo's
-defaults (``lam`` 1, the same critic recipe and warm-up).
+A length runs the demo twice on one cached warm start: group_ppo, gae, sae and grpo on seeds 0-2, then
+group_ppo and gae on seeds 3-5. Every arm runs the demo's defaults (``lam`` 1, one critic recipe and warm-up).
+The report reads every length under ``--output-dir`` and prints the paired differences to PPO (final sampled
+accuracy and curve area, mean +- 2 paired SE, the rule's verdict) with the mean response length, each arm's
+mean final accuracy with SAE - GROUP-PPO and GRPO - PPO, and the trend verdicts, and draws
+``docs/edge_vs_length.png`` (``--figure``).
 """
 
 from __future__ import annotations
@@ -26,7 +23,7 @@ import os
 import sys
 from typing import Any, NamedTuple
 
-from benchlib import DEMO_METRICS, REPO, cell, differences, figure, save_figure
+from benchlib import DEMO_METRICS, REPO, cell, differences, figure, read_json
 
 #: the runs of one length: (name, arms, seeds)
 PARTS = (("a", "group_ppo,gae,sae,grpo", "0,1,2"), ("b", "group_ppo,gae", "3,4,5"))
@@ -45,44 +42,35 @@ class Length(NamedTuple):
     arms: dict  # verl_group_ppo.demo.report.summarise(...)["estimators"]: arm -> final_mean, seeds, ...
 
 
-def demo_argv(terms: str, part: tuple[str, str, str], out_dir: str, steps: int) -> list[str]:
-    """The demo command line of one part of one length."""
-    name, arms, seeds = part
-    return ["--terms", terms, "--steps", str(steps), "--estimators", arms, "--seeds", seeds,
-            "--output-dir", os.path.join(out_dir, name), "--no-progress"]
-
-
 def run_length(terms: str, out_root: str, steps: int) -> str:
     """Both parts of one length; the second reuses the first's warm-start cache. Returns the length's folder."""
     from verl_group_ppo.demo.cli import main as demo_main
 
     out_dir = os.path.join(out_root, f"terms-{terms}")
-    for part in PARTS:
-        os.makedirs(os.path.join(out_dir, part[0]), exist_ok=True)
-        cache = os.path.join(out_dir, part[0], "cache")
-        if part[0] != PARTS[0][0] and not os.path.exists(cache):
+    for name, arms, seeds in PARTS:
+        os.makedirs(os.path.join(out_dir, name), exist_ok=True)
+        cache = os.path.join(out_dir, name, "cache")
+        if name != PARTS[0][0] and not os.path.exists(cache):
             os.symlink(os.path.abspath(os.path.join(out_dir, PARTS[0][0], "cache")), cache)
-        argv = demo_argv(terms, part, out_dir, steps)
-        print(f"[edge] terms {terms}, part {part[0]}: python -m verl_group_ppo.demo {' '.join(argv)}", flush=True)
+        argv = ["--terms", terms, "--steps", str(steps), "--estimators", arms, "--seeds", seeds,
+                "--output-dir", os.path.join(out_dir, name), "--no-progress"]
+        print(f"[edge] terms {terms}, part {name}: python -m verl_group_ppo.demo {' '.join(argv)}", flush=True)
         if demo_main(argv) != 0:
-            raise SystemExit(f"the demo failed for terms {terms}, part {part[0]}")
+            raise SystemExit(f"the demo failed for terms {terms}, part {name}")
     return out_dir
 
 
-def load_length(out_dir: str) -> dict[str, Any]:
-    """Every run of one length (both parts) and its mean response length over all runs and steps."""
-    runs, lengths, meta = [], [], {}
+def load_length(out_dir: str) -> tuple[list[dict], float]:
+    """Every run of one length (both parts), and its mean response length over all runs and steps."""
+    runs, lengths = [], []
     for name, _, _ in PARTS:
         path = os.path.join(out_dir, name, "results.json")
-        if not os.path.exists(path):
+        if (data := read_json(path)) is None:
             raise FileNotFoundError(f"{path} is missing: run this length first (--terms)")
-        with open(path) as f:
-            data = json.load(f)
         runs += data["runs"]
-        meta = meta or data["meta"]
         with open(os.path.join(out_dir, name, "metrics.jsonl")) as f:
             lengths += [rec["response_length/mean"] for rec in map(json.loads, f) if "response_length/mean" in rec]
-    return {"runs": runs, "mean_response_length": sum(lengths) / len(lengths), "meta": meta}
+    return runs, sum(lengths) / len(lengths)
 
 
 def trend(rows: list, pair: str) -> dict[str, Any]:
@@ -94,12 +82,10 @@ def trend(rows: list, pair: str) -> dict[str, Any]:
     than its own such margin; "shrinks" by the mirror rule; else "no trend shown" (also with a missing SE).
     """
     short, long_ = rows[0].differences[pair], rows[-1].differences[pair]
-    moves: dict[str, Any] = {}
-    for metric in ("final", "area"):
-        a, b = short[metric], long_[metric]
-        if a["se"] is None or b["se"] is None:
-            return {"verdict": "no trend shown", "final": None, "area": None}
-        moves[metric] = (b["mean"] - a["mean"], 2.0 * math.hypot(a["se"], b["se"]))
+    if any(d[metric]["se"] is None for d in (short, long_) for metric in ("final", "area")):
+        return {"verdict": "no trend shown", "final": None, "area": None}
+    moves = {metric: (long_[metric]["mean"] - short[metric]["mean"],
+                      2.0 * math.hypot(short[metric]["se"], long_[metric]["se"])) for metric in ("final", "area")}
     (d_final, m_final), (d_area, m_area) = moves["final"], moves["area"]
     if d_final > m_final and d_area >= -m_area:
         verdict = "grows"
@@ -107,7 +93,7 @@ def trend(rows: list, pair: str) -> dict[str, Any]:
         verdict = "shrinks"
     else:
         verdict = "no trend shown"
-    return {"verdict": verdict, "final": moves["final"], "area": moves["area"]}
+    return {"verdict": verdict, **moves}
 
 
 def _trend_line(rows: list, pair: str, label: str) -> str:
@@ -129,12 +115,12 @@ def load_rows(out_root: str) -> list[Length]:
         if not (entry.startswith("terms-") and os.path.isdir(os.path.join(out_root, entry))):
             continue
         try:
-            data = load_length(os.path.join(out_root, entry))
+            runs, length = load_length(os.path.join(out_root, entry))
         except FileNotFoundError as err:  # a length still running, or never finished: left out, and said so
             print(f"[edge] {entry} left out of the report: {err}", file=sys.stderr)
             continue
-        rows.append(Length(entry[len("terms-"):], data["mean_response_length"],
-                           differences(data["runs"], PAIRS, DEMO_METRICS), summarise(data["runs"])["estimators"]))
+        rows.append(Length(entry[len("terms-"):], length, differences(runs, PAIRS, DEMO_METRICS),
+                           summarise(runs)["estimators"]))
     return sorted(rows, key=lambda r: r.mean_response_length)
 
 
@@ -182,20 +168,19 @@ def figure_data(rows: list[Length]) -> dict[str, dict[str, list[tuple[float, flo
 
 def plot(rows: list[Length], path: str) -> None:
     """Differences to PPO (mean +- 2 paired SE) against mean response length, final accuracy and curve area."""
-    fig, axes = figure(2, (10, 3.8), sharex=True)
-    for ax, (metric, series) in zip(axes, figure_data(rows).items()):
-        for pair, label, color, shift in SERIES:
-            xs, ys, errs = zip(*series[pair])
-            ax.errorbar([x + shift for x in xs], ys, yerr=errs, fmt="o-", color=color, capsize=4, label=label)
-        ax.axhline(0.0, color="grey", lw=0.8)
-        ax.set_xlabel("mean response length (tokens)")
-        ax.set_ylabel("final sampled accuracy difference" if metric == "final" else "curve area difference")
-        ax.set_title(f"{'final accuracy' if metric == 'final' else 'learning-curve area'} vs PPO (+- 2 SE)")
-        ax.legend()
-    save_figure(fig, path)
+    with figure(path, 2, (10, 3.8), sharex=True) as axes:
+        for ax, (metric, series) in zip(axes, figure_data(rows).items()):
+            for pair, label, color, shift in SERIES:
+                xs, ys, errs = zip(*series[pair])
+                ax.errorbar([x + shift for x in xs], ys, yerr=errs, fmt="o-", color=color, capsize=4, label=label)
+            ax.axhline(0.0, color="grey", lw=0.8)
+            ax.set_xlabel("mean response length (tokens)")
+            ax.set_ylabel("final sampled accuracy difference" if metric == "final" else "curve area difference")
+            ax.set_title(f"{'final accuracy' if metric == 'final' else 'learning-curve area'} vs PPO (+- 2 SE)")
+            ax.legend()
 
 
-def build_parser() -> argparse.ArgumentParser:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--terms", help="run one length, e.g. 4-5, 8-10 or 12-14")
     p.add_argument("--report", action="store_true", help="print the table over all lengths and draw the figure")
@@ -204,13 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where each length's runs go (default: runs/edge-vs-length)")
     p.add_argument("--figure", default=os.path.join(REPO, "docs", "edge_vs_length.png"),
                    help="the report's figure (default: docs/edge_vs_length.png)")
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = p.parse_args(argv)
     if not args.terms and not args.report:
-        build_parser().error("give --terms MIN-MAX (run one length) or --report")
+        p.error("give --terms MIN-MAX (run one length) or --report")
     if args.terms:
         run_length(args.terms, args.output_dir, args.steps)
     if args.report:

@@ -1,11 +1,9 @@
 """The plumbing the benchmark scripts share: the repository root, JSON records, a CPU launcher run, resumable
 sweeps, paired differences, round-robin timing and figures.
 
-Convention: a benchmark is a script, run as ``python benchmarks/<name>.py`` from any folder. Python puts the
-script's folder first on ``sys.path``, so scripts import this module by name (``from benchlib import ...``) and
-none loads another file by its path. Tests put ``benchmarks/`` on ``sys.path`` once (tests/test_benchmarks.py)
-and import the scripts by name. A record (one JSON file per finished run) holds paths relative to the
-repository only (:func:`portable`); :func:`write_json` refuses one that holds an absolute path.
+A benchmark is a script, run as ``python benchmarks/<name>.py`` from any folder: Python puts its folder first on
+``sys.path``, so it imports this module by name and none loads another by path (tests put ``benchmarks/`` on
+``sys.path`` the same way). A record (one JSON file per finished run) holds no absolute path (:func:`write_json`).
 """
 
 from __future__ import annotations
@@ -21,9 +19,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, NamedTuple, Optional, Sequence, Union
+from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Optional, Sequence, Union
 
 REPO = Path(__file__).resolve().parents[1]
 LAUNCHER = REPO / "examples" / "cpu" / "common.sh"
@@ -185,11 +184,6 @@ def run_pending(sweep: Sweep, run_one: Callable[[Run], dict], accept: Accept = N
     return len(todo)
 
 
-def mean_se(values: Sequence[float]) -> tuple[float, Optional[float]]:
-    """Mean and standard error of the mean (None below 2 values)."""
-    return statistics.fmean(values), statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else None
-
-
 def differences(records: Iterable[dict], pairs: Iterable[tuple[str, str]], metrics: Mapping[str, Any],
                 arm_key: str = "estimator", rule: Optional[Callable[[dict], str]] = None) -> dict[str, dict[str, dict]]:
     """``{"arm-baseline": {metric: difference}}`` per ``(arm, baseline)`` of ``pairs``: the paired difference
@@ -239,20 +233,17 @@ def time_round_robin(calls: Mapping[str, Callable[[], Any]], repeats: int, sync:
                      else (math.nan, math.nan) for name, ts in times.items()}
 
 
-def figure(ncols: int = 1, figsize: tuple[float, float] = (10, 4), **kwargs):
-    """``(figure, axes)``: ``ncols`` matplotlib panels side by side, drawn off-screen (Agg)."""
+@contextmanager
+def figure(path: Union[str, Path], ncols: int = 1, figsize: tuple[float, float] = (10, 4), **kwargs) -> Iterator:
+    """``with figure(path) as axes:`` ``ncols`` matplotlib panels side by side, drawn off-screen (Agg); at the
+    block's end the figure is laid out, written to ``path`` (120 dpi) and closed."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    return plt.subplots(1, ncols, figsize=figsize, **kwargs)
-
-
-def save_figure(fig, path: Union[str, Path]) -> None:
-    """Lay out, write (120 dpi) and close a figure."""
-    import matplotlib.pyplot as plt
-
+    fig, axes = plt.subplots(1, ncols, figsize=figsize, **kwargs)
+    yield axes
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -96,7 +96,6 @@ def test_differences_pair_by_seed_and_apply_the_rule():
     big = lib.differences(records, [("a", "b")], {"v": "v"}, rule=lambda diff: "big" if diff["mean"] > 0.5 else "small")
     assert big["a-b"]["v"]["verdict"] == "small"  # the verdict rule is a hook
     assert lib.cell(lib.differences(records, [("a", "c")], {"v": "v"})["a-c"]["v"]) == "n/a"
-    assert lib.mean_se([1.0, 2.0, 3.0]) == pytest.approx((2.0, 1 / math.sqrt(3))) and lib.mean_se([1.0])[1] is None
 
 
 def test_round_robin_timing_calls_each_once_to_warm_up_then_per_repeat():
