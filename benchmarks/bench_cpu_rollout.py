@@ -4,21 +4,17 @@
     .venv/bin/python benchmarks/bench_cpu_rollout.py --part tiny --steps 6
     .venv/bin/python benchmarks/bench_cpu_rollout.py --part standin --prompts 32 --tokens 64
 
-Part ``tiny``: the main job, ``examples/cpu/common.sh group_ppo`` (what ``run_tiny_group_ppo.sh`` runs) on the
-tiny task in ``--work-dir`` (built there first when missing), ``--steps`` steps each with ``rollout.name=hf``
-(fp32), ``vllm`` in fp32 (``rollout.dtype=float32``) and ``vllm`` in bf16 (``rollout.dtype=bfloat16``, verl's
-default; the actor stays fp32). Per run:
-start-up (wall time before the first step: Ray, workers, models, and vLLM's engine), verl's
-``timing_s/gen`` and ``timing_s/step`` for step 1 and as the mean of steps 2..N, and ``|actor/ppo_kl|``
-(the launcher's bypass mode makes the rollout's log-probs the old log-probs, so this is the
-rollout-vs-actor gap at the first mini-batch).
+Part ``tiny``: the main job (``examples/cpu/common.sh group_ppo``, as ``run_tiny_group_ppo.sh``) on the tiny task
+in ``--work-dir`` (built there first when missing) for ``--steps`` steps with ``rollout.name=hf`` (fp32), then
+``vllm`` in each of :data:`DTYPES` (the actor stays fp32). Per run: start-up (wall time before the first step:
+Ray, workers, models, and vLLM's engine), verl's ``timing_s/gen`` and ``timing_s/step`` for step 1 and as the
+mean of steps 2..N, and the largest ``|actor/ppo_kl|`` (the launcher's bypass mode makes the rollout's
+log-probs the old log-probs, so this is the rollout-vs-actor gap at the first mini-batch).
 
-Part ``standin``: a random model with Qwen2.5-0.5B's full shape (24 layers, hidden 896, intermediate 4864, 14
-heads, 2 key/value heads, vocabulary 151936, tied embeddings; ``examples/cpu/make_qwen_standin.py``'s
-config), ``--prompts`` prompts x ``--tokens`` sampled tokens (EOS ignored): the ``hf`` rollout's
-``generate_batch`` in fp32, and vLLM's engine in fp32 and bf16 (each in its own process; engine start timed
-apart). The gap: vLLM's log-prob of each sampled token against the fp32 model's (teacher-forced), max and
-mean absolute difference.
+Part ``standin``: a random model with Qwen2.5-0.5B's full shape (:func:`build_standin`), ``--prompts`` prompts x
+``--tokens`` sampled tokens (EOS ignored): the ``hf`` rollout's ``generate_batch`` in fp32, and vLLM's engine
+in each of :data:`DTYPES` (each in its own process; engine start timed apart). The gap: vLLM's log-prob of each
+sampled token against the fp32 model's (teacher-forced), max and mean absolute difference.
 
 Prints one markdown table per part (docs/benchmarks.md holds the measured ones).
 """
@@ -37,8 +33,8 @@ from pathlib import Path
 
 from benchlib import REPO, random_prompts, run_launcher
 
-TINY_RUNS = (("hf", "fp32", []), ("vllm", "fp32", ["actor_rollout_ref.rollout.dtype=float32"]),
-             ("vllm", "bf16", ["actor_rollout_ref.rollout.dtype=bfloat16"]))  # bf16: verl's default rollout.dtype
+#: vLLM's rollout dtypes measured, short name -> verl's ``rollout.dtype`` (bfloat16: verl's default)
+DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 
 
 # ---------------------------------------------------------------------------------------------- tiny task
@@ -65,7 +61,9 @@ def bench_tiny(work_dir: Path, steps: int) -> list[dict]:
     if not (work_dir / "model" / "prepare.json").is_file():
         subprocess.run([sys.executable, "-m", "verl_group_ppo.tinytask.prepare", "--output-dir", str(work_dir)],
                        check=True)
-    return [tiny_row(work_dir, steps, backend, dtype, extra) for backend, dtype, extra in TINY_RUNS]
+    return [tiny_row(work_dir, steps, "hf", "fp32", [])] + [
+        tiny_row(work_dir, steps, "vllm", name, [f"actor_rollout_ref.rollout.dtype={dtype}"])
+        for name, dtype in DTYPES.items()]
 
 
 def tiny_table(rows: list[dict]) -> str:
@@ -165,21 +163,17 @@ def bench_standin(prompts_n: int, tokens: int) -> list[dict]:
     from transformers import AutoModelForCausalLM
 
     prompts = random_prompts(prompts_n, 1000, 150000, 24, 48)
-    rows = []
     with tempfile.TemporaryDirectory() as directory:
         build_standin(directory)
-        hf = hf_generate(directory, prompts, tokens)
-        rows.append({"rollout": "hf", "dtype": "fp32", **hf, "gap_max": 0.0, "gap_mean": 0.0})
-        for dtype in ("float32", "bfloat16"):
-            result = vllm_generate(directory, prompts, tokens, dtype)
-            rows.append({"rollout": "vllm", "dtype": {"float32": "fp32", "bfloat16": "bf16"}[dtype],
-                         "start_s": result["start_s"], "gen_s": result["gen_s"], "_responses": result["responses"],
-                         "_logprobs": result["logprobs"]})
+        rows = [{"rollout": "hf", "dtype": "fp32", **hf_generate(directory, prompts, tokens), "gap_max": 0.0,
+                 "gap_mean": 0.0}]
+        vllm = {name: vllm_generate(directory, prompts, tokens, dtype) for name, dtype in DTYPES.items()}
         model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, attn_implementation="sdpa").eval()
-        for row in rows[1:]:
-            actor = fp32_logprobs(model, prompts, row.pop("_responses"))
-            gaps = [abs(a - b) for xs, ys in zip(actor, row.pop("_logprobs")) for a, b in zip(xs, ys)]
-            row["gap_max"], row["gap_mean"] = max(gaps), statistics.mean(gaps)
+        for name, result in vllm.items():
+            actor = fp32_logprobs(model, prompts, result["responses"])
+            gaps = [abs(a - b) for xs, ys in zip(actor, result["logprobs"]) for a, b in zip(xs, ys)]
+            rows.append({"rollout": "vllm", "dtype": name, "start_s": result["start_s"], "gen_s": result["gen_s"],
+                         "gap_max": max(gaps), "gap_mean": statistics.mean(gaps)})
     return rows
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from benchlib import int_list
 
 
-def build_parser() -> argparse.ArgumentParser:
+def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--work-dir", required=True, help="a prepared tiny task (WORK_DIR of examples/cpu)")
     p.add_argument("--estimator", default="group_ppo", help="group_ppo, gae or grpo (a demo arm)")
@@ -30,11 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--actor-lr", type=float, default=2e-4, help="actor Adam learning rate")
     p.add_argument("--critic-mini-batch", type=int, default=64, help="critic mini-batch in responses")
     p.add_argument("--seeds", default="0,1,2", help="comma list of seeds")
-    return p
-
-
-def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    args = p.parse_args(argv)
     seeds = int_list(args.seeds, "--seeds")
     if args.steps < 20:
         raise SystemExit(f"--steps: need at least 20 (two 10-step windows), got {args.steps}")

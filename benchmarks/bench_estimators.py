@@ -16,6 +16,8 @@ lengths uniform in [T/4, T], 8 responses per prompt.
 from __future__ import annotations
 
 import argparse
+import ctypes
+import gc
 import os
 import subprocess
 import sys
@@ -60,15 +62,6 @@ def estimator_fn(name: str, x: dict) -> Callable[[], object]:
     return calls[name]
 
 
-def time_estimators(batch: int, length: int, device: str, repeats: int, names: list[str]) -> dict:
-    """Median wall and CPU seconds per call for each estimator, measured round-robin after one warm-up call."""
-    x = make_inputs(batch, length, device)
-    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
-    _, times = time_round_robin({n: estimator_fn(n, x) for n in names}, repeats, sync, lambda r: print(
-        f"  [{batch}x{length}] repeat {r + 1}/{repeats}", file=sys.stderr, flush=True))
-    return {n: {"wall": wall, "cpu": cpu} for n, (wall, cpu) in times.items()}
-
-
 def _rss_kib(field: str) -> int:
     with open("/proc/self/status") as f:
         for line in f:
@@ -90,10 +83,6 @@ def peak_extra_bytes(name: str, batch: int, length: int, device: str) -> int:
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated() - base
     else:
-        import gc
-
-        import ctypes
-
         gc.collect()
         ctypes.CDLL("libc.so.6").malloc_trim(0)  # give freed warm-up memory back, so reuse cannot hide
         with open("/proc/self/clear_refs", "w") as f:
@@ -101,9 +90,8 @@ def peak_extra_bytes(name: str, batch: int, length: int, device: str) -> int:
         base = _rss_kib("VmRSS")
         out = fn()
         peak = (_rss_kib("VmHWM") - base) * 1024
-    out_tensors = out if isinstance(out, tuple) else tuple(
-        v for v in vars(out).values() if isinstance(v, torch.Tensor))
-    out_bytes = sum(t.numel() * t.element_size() for t in out_tensors if isinstance(t, torch.Tensor))
+    outputs = out if isinstance(out, tuple) else vars(out).values()
+    out_bytes = sum(t.numel() * t.element_size() for t in outputs if isinstance(t, torch.Tensor))
     return max(0, peak - out_bytes)
 
 
@@ -145,9 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         devices = [args.device]
     names = [n.strip() for n in args.estimators.split(",") if n.strip()]
-    for n in names:
-        if n not in ESTIMATORS:
-            p.error(f"--estimators: unknown estimator {n!r}; choose from {ESTIMATORS}")
+    if unknown := [n for n in names if n not in ESTIMATORS]:
+        p.error(f"--estimators: unknown estimator {unknown[0]!r}; choose from {ESTIMATORS}")
 
     print(f"devices={devices} torch={torch.__version__} threads={torch.get_num_threads()} "
           f"cpus={os.cpu_count()} repeats={args.repeats}")
@@ -173,15 +160,18 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _measure_shape(b: int, t: int, device: str, args: argparse.Namespace, names: list[str]) -> list[dict]:
-    """Timings (round-robin) and peak memory (subprocesses) of every estimator at one shape."""
-    times = time_estimators(b, t, device, args.repeats, names)
+    """Timings (median wall and CPU seconds a call, round-robin after one warm-up call) and peak memory
+    (subprocesses) of every estimator at one shape."""
+    x = make_inputs(b, t, device)
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    _, times = time_round_robin({n: estimator_fn(n, x) for n in names}, args.repeats, sync, lambda r: print(
+        f"  [{b}x{t}] repeat {r + 1}/{args.repeats}", file=sys.stderr, flush=True))
     unit = b * t * 4  # bytes of one fp32 (B, T) tensor
     rows = []
     for n in names:
         mem = None if args.no_memory else measure_memory(n, b, t, device)
-        rows.append({"device": device, "B": b, "T": t, "estimator": n, "wall_s": times[n]["wall"],
-                     "cpu_s": times[n]["cpu"],
-                     "ratio_to_gae": times[n]["wall"] / times["gae"]["wall"] if "gae" in times else None,
+        rows.append({"device": device, "B": b, "T": t, "estimator": n, "wall_s": times[n][0], "cpu_s": times[n][1],
+                     "ratio_to_gae": times[n][0] / times["gae"][0] if "gae" in times else None,
                      "peak_extra_bytes": mem, "peak_extra_in_BxTx4": None if mem is None else mem / unit})
     return rows
 

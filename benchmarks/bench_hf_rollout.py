@@ -19,7 +19,6 @@ batch sizes the server formed.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import statistics
 import tempfile
@@ -46,12 +45,13 @@ def build_model(directory: str, hidden: int, layers: int, vocab: int, seed: int)
 SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True}
 
 
-async def time_rollout(server: Any, prompts: list[list[int]]) -> float:
-    """Seconds until every prompt's response is back from concurrent ``generate`` calls."""
+def time_rollout(server: Any, prompts: list[list[int]]) -> float:
+    """Seconds until every prompt's response is back from ``generate`` calls sent at once (served concurrently)."""
+    import ray
+
     start = time.perf_counter()
-    outputs = await asyncio.gather(*[server.generate.remote(request_id=str(i), prompt_ids=p,
-                                                             sampling_params=dict(SAMPLING))
-                                     for i, p in enumerate(prompts)])
+    outputs = ray.get([server.generate.remote(request_id=str(i), prompt_ids=p, sampling_params=dict(SAMPLING))
+                       for i, p in enumerate(prompts)])
     elapsed = time.perf_counter() - start
     assert all(out.log_probs is not None and len(out.log_probs) == len(out.token_ids) for out in outputs)
     return elapsed
@@ -89,18 +89,16 @@ def start_server(model_dir: str, args: argparse.Namespace) -> Any:
     return server
 
 
-async def run_rounds(server: Any, model: Any, prompts: list[list[int]], args: argparse.Namespace) -> dict[str, list]:
-    """Alternate rollout-first and baseline-first rounds after one warm-up of each."""
-    await time_rollout(server, prompts[:8])
-    time_hf_generate(model, prompts[:8], args.response_length)
-    times: dict[str, list] = {"rollout": [], "baseline": []}
+def run_rounds(server: Any, model: Any, prompts: list[list[int]], args: argparse.Namespace) -> dict[str, list]:
+    """Alternate rollout-first and baseline-first rounds after one warm-up of each (on 8 prompts)."""
+    calls = {"rollout": lambda some: time_rollout(server, some),
+             "baseline": lambda some: time_hf_generate(model, some, args.response_length)}
+    for call in calls.values():
+        call(prompts[:8])
+    times: dict[str, list] = {name: [] for name in calls}
     for round_index in range(args.rounds):
-        order = ("rollout", "baseline") if round_index % 2 == 0 else ("baseline", "rollout")
-        for name in order:
-            if name == "rollout":
-                times[name].append(await time_rollout(server, prompts))
-            else:
-                times[name].append(time_hf_generate(model, prompts, args.response_length))
+        for name in (list(calls) if round_index % 2 == 0 else list(calls)[::-1]):
+            times[name].append(calls[name](prompts))
     return times
 
 
@@ -125,7 +123,7 @@ def main() -> None:
         model = build_model(model_dir, args.hidden, args.layers, args.vocab, seed=0)
         prompts = random_prompts(args.responses, 2, args.vocab, args.min_prompt_len, args.max_prompt_len, seed=1)
         server = start_server(model_dir, args)
-        times = asyncio.run(run_rounds(server, model, prompts, args))
+        times = run_rounds(server, model, prompts, args)
         batches = ray.get(server.stats.remote())["batch_sizes"]
     ray.shutdown()
     rollout, baseline = statistics.median(times["rollout"]), statistics.median(times["baseline"])

@@ -4,34 +4,24 @@
     .venv/bin/python benchmarks/bench_long_cot.py --lengths 256,1024 --repeats 1 --json out.json
 
 For each response length T (default 256, 1k, 4k, 8k tokens) it builds one synthetic batch of about
-``--batch-tokens`` tokens (B = batch_tokens / T responses, every response exactly T tokens), with an outcome
-reward at the last token and critic values = a smooth true value + noise, for three critics (trained,
-weak, and smooth: trained without per-token jitter). It then runs ``compute_group_ppo_outputs`` at
-several (group_max_size, tau) settings and reports groups per response, mean group size, the share of
-groups that stop at the cap, the boundary explained variance, and the median wall and process-CPU time
-per batch, next to verl's ``compute_gae_advantage_return`` on the same batch (the baseline, timed
-round-robin in the same run). Only the first critic's batches are timed: the cost does not depend on
-the values.
+``--batch-tokens`` tokens (B = batch_tokens / T responses of exactly T tokens) for each critic, runs
+``compute_group_ppo_outputs`` at several (group_max_size, tau) settings with tau fixed (adaptive_threshold
+off: where a tau and a cap put the grouping, not how tau moves), and reports groups per response, mean group
+size, the share of groups that stop at the cap, the boundary explained variance, and the median wall and
+process-CPU time per batch next to verl's ``compute_gae_advantage_return`` on the same batch (timed
+round-robin; the first critic's batches only: the cost does not depend on the values).
 
-The synthetic task (all per response; "decisive" tokens are where a reasoning step goes right or wrong):
-  * a latent score x_t: x_0 ~ N(mu, 0.3^2) with mu ~ N(0, 0.8^2) shared by the responses to one prompt
-    (8 per prompt: prompt difficulty); each token adds N(0, s_t^2). Of the variance the tokens add (0.6 in
-    all, whatever T), half is spread evenly over all tokens and half sits on decisive tokens, one per 32
-    tokens on average, at random positions.
-  * outcome reward R = 1 if x_T > 0 else 0, at the last token.
-  * true value V*_t = P(R = 1 | x_t) = Phi(x_t / sqrt(S_t)), S_t the variance still to come after token t
-    (exact: the increments are Gaussian and the decisive positions are part of the state).
-  * critic values V_t = V*_t + noise; the noise has three equal-variance parts: a per-response offset (the
-    critic misjudges the whole problem), a slow drift (AR(1) with a 64-token correlation length) and
-    per-token jitter (independent per token). Its total std is 0.2 ("trained": boundary explained variance
-    0.4-0.5 here, about what verl's 2024 Qwen2.5-0.5B GSM8K PPO log ends at: vf_loss 0.06, i.e. a squared
-    error ~0.12, against returns of variance ~0.2) or 0.3 ("weak": explained variance 0.15-0.25, near the
-    ~0.1 the CPU demo's critic reached, docs/results.md). A perfect critic (std 0) gives 0.35-0.6, since
-    early-token values cannot predict the outcome well. "smooth" is the trained critic's std 0.2 split
-    between offset and drift only, with no jitter: its TD residuals then follow the true value's jumps at
-    decisive tokens, which is the case where groups grow long and the cap matters.
-The settings time one batch each and keep tau fixed (adaptive_threshold off): the table shows where a
-given tau and cap put the grouping, not how tau moves.
+The synthetic task, per response ("decisive" tokens are where a reasoning step goes right or wrong):
+  * a latent score x_t: x_0 ~ N(mu, 0.3^2) with mu ~ N(0, 0.8^2) shared by the 8 responses to one prompt;
+    each token adds N(0, s_t^2). Of the variance the tokens add (0.6 in all, whatever T), half is spread evenly
+    over all tokens and half sits on decisive tokens, one per 32 tokens on average, at random positions.
+  * outcome reward R = 1 if x_T > 0 else 0, at the last token; true value V*_t = P(R = 1 | x_t) =
+    Phi(x_t / sqrt(S_t)), S_t the variance still to come after token t.
+  * critic values V_t = V*_t + noise in three equal-variance parts: a per-response offset (the critic misjudges
+    the whole problem), a slow drift (AR(1), 64-token correlation length) and per-token jitter; total std 0.2
+    ("trained") or 0.3 ("weak"). "smooth" is std 0.2 without jitter: its TD residuals follow the true value's
+    jumps at decisive tokens, where groups grow long and the cap matters. The critics' explained variances
+    and what they compare with: docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -196,21 +186,16 @@ def print_table(rows: list[Row]) -> None:
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         cells = [str(r.length), str(r.responses), r.critic, r.setting, f"{r.groups_per_response:.1f}",
-                 f"{r.mean_group_size:.1f}", _percent(r.capped_share), f"{r.boundary_ev:.2f}",
-                 _pair(r.seconds, r.gae_seconds), _pair(r.cpu_seconds, r.gae_cpu_seconds)]
+                 f"{r.mean_group_size:.1f}", "-" if math.isnan(r.capped_share) else f"{r.capped_share:.0%}",
+                 f"{r.boundary_ev:.2f}", _pair(r.seconds, r.gae_seconds), _pair(r.cpu_seconds, r.gae_cpu_seconds)]
         print("| " + " | ".join(cells) + " |")
-
-
-def _percent(x: float) -> str:
-    return "-" if math.isnan(x) else f"{x:.0%}"
 
 
 def _pair(ours: float, gae: float) -> str:
     return "" if math.isnan(ours) else f"{ours:.2f} ({gae:.2f})"
 
 
-def parse_args() -> argparse.Namespace:
-    """The command line (see the module docstring)."""
+def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--lengths", default="256,1024,4096,8192", help="comma-separated response lengths T")
     p.add_argument("--batch-tokens", type=int, default=2**18, help="tokens per batch (B = this / T)")
@@ -220,11 +205,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default="", help="also write the rows to this JSON file")
-    return p.parse_args()
-
-
-def main() -> None:
-    args = parse_args()
+    args = p.parse_args()
     torch.set_num_threads(args.threads)
     rows: list[Row] = []
     for length in (int(t) for t in args.lengths.split(",")):

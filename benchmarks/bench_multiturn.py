@@ -5,16 +5,14 @@
     .venv/bin/python benchmarks/bench_multiturn.py                 # every run not yet done, then the report
     .venv/bin/python benchmarks/bench_multiturn.py --report        # the report of what is done
 
-Each run is ``examples/cpu/run_tiny_multiturn_<estimator>.sh`` (``MULTI_TURN=1`` in common.sh: 32 prompts x 4
-responses a step, every other setting the launcher's) with ``data.seed=SEED`` and ``--steps`` steps, on one
-shared warm start (``OUTPUT_DIR/task``, built by the first run; logs in ``OUTPUT_DIR/logs``). Arms (:data:`ARMS`): group_ppo (package
-defaults), group_ppo with ``boundary_rule: turn`` (one group per turn), gae (lam 1, the same critic recipe)
-and grpo; seeds 0-5 for group_ppo and gae, 0-2 for the others. The runs are resumable: each finished run is
-written to ``RESULTS_DIR/<arm>-seed<S>.json`` (its command and per-step training metrics; by default
-``benchmarks/results/multiturn/``, kept in the repository as the measurement docs/results.md reports) and
-skipped next time; an interrupted run leaves no such file and runs again. The report prints, per arm, the mean training reward
-over the last 10 steps ("final") and over all steps ("area") with verl's turns per response, and the paired
-differences of :data:`PAIRS` with the rule's verdict (:func:`verl_group_ppo.demo.report.verdict`).
+A run is ``examples/cpu/common.sh`` with ``MULTI_TURN=1`` (as ``run_tiny_multiturn_<estimator>.sh``) for
+``--steps`` steps with ``data.seed=SEED``, on one warm start shared by all (``OUTPUT_DIR/task``, built by the
+first run; logs in ``OUTPUT_DIR/logs``). Arms (:data:`ARMS`): group_ppo (defaults), group_ppo_turn
+(``boundary_rule: turn``, one group per turn), gae (lam 1) and grpo; seeds 0-5 for group_ppo and gae, 0-2 for
+the others. Each finished run is kept as ``RESULTS_DIR/<arm>-seed<S>.json`` (its command and per-step metrics;
+the committed ones are the measurement docs/results.md reports) and skipped next time. The report prints, per
+arm, the mean training reward over the last 10 steps ("final") and over all steps ("area") with verl's turns
+per response, and the paired differences of :data:`PAIRS` with the rule's verdict.
 """
 
 from __future__ import annotations
@@ -45,10 +43,10 @@ WINDOW = 10
 RESULTS_DIR = os.path.join(REPO, "benchmarks", "results", "multiturn")
 
 
-def sweep(results_dir: str, arms: dict = ARMS) -> Sweep:
+def sweep(results_dir: str) -> Sweep:
     """Every (arm, seed) of the comparison, seeds first, one record each in ``results_dir``."""
-    runs = [Run(arm, seed) for arm, (_, _, seeds) in arms.items() for seed in seeds]
-    return Sweep(results_dir, tuple(plan(runs, list(arms))))
+    runs = [Run(arm, seed) for arm, (_, _, seeds) in ARMS.items() for seed in seeds]
+    return Sweep(results_dir, tuple(plan(runs, list(ARMS))))
 
 
 def accepts(record: dict) -> bool:
@@ -88,13 +86,6 @@ def warm_start(task_dir: str) -> dict[str, float]:
     return read_json(os.path.join(task_dir, "model", "prepare.json"))["test_accuracy"]
 
 
-def warm_start_label(record: dict) -> str:
-    ws = record.get("warm_start")
-    if not ws:
-        return "not recorded"
-    return f"sampled {ws['sampled']:.3f}, greedy {ws['greedy']:.3f}, calls/response {ws['calls_per_response']:.2f}"
-
-
 def run_metrics(record: dict) -> dict[str, float]:
     """A run's final reward (mean of the last :data:`WINDOW` steps), area (mean of all steps), its turns per
     response at the first and the last :data:`WINDOW` steps, and its seconds per step."""
@@ -106,13 +97,13 @@ def run_metrics(record: dict) -> dict[str, float]:
             "seconds_per_step": mean(s.get("timing_s/step", float("nan")) for s in steps[1:] or steps)}
 
 
-def report(runs: list[dict], arms: dict = ARMS) -> str:
+def report(runs: list[dict]) -> str:
     """The per-arm table, the paired differences of :data:`PAIRS` with the rule's verdict, the warm starts, and
     the runs still missing."""
     metrics = [{"arm": r["arm"], "seed": int(r["seed"]), **run_metrics(r)} for r in runs]
     lines = ["| arm | seeds | final (last 10 steps) | area (all steps) | first 10 steps | turns/response first -> last 10 | s/step |",
              "|---|---|---|---|---|---|---|"]
-    for arm in arms:
+    for arm in ARMS:
         got = [m for m in metrics if m["arm"] == arm]
         if not got:
             lines.append(f"| {arm} | 0 | - | - | - | - | - |")
@@ -129,12 +120,15 @@ def report(runs: list[dict], arms: dict = ARMS) -> str:
             lines.append(f"| {arm} - {base} | {metric} | {found} |")
     starts: dict[str, set[int]] = {}
     for r in runs:
-        starts.setdefault(warm_start_label(r), set()).add(int(r["seed"]))
+        ws = r.get("warm_start")
+        label = (f"sampled {ws['sampled']:.3f}, greedy {ws['greedy']:.3f}, calls/response "
+                 f"{ws['calls_per_response']:.2f}" if ws else "not recorded")
+        starts.setdefault(label, set()).add(int(r["seed"]))
     lines += ["", "Warm starts (the seeds that ran on each; a pair compares runs of one seed, so of one warm start "
               "when every arm of a seed ran on it):", ""]
     lines += [f"- {label}: seeds {', '.join(map(str, sorted(seeds)))}" for label, seeds in sorted(starts.items())]
     done = {(m["arm"], m["seed"]) for m in metrics}
-    missing = [f"{r.arm}-seed{r.seed}" for r in sweep("", arms).runs if (r.arm, r.seed) not in done]
+    missing = [f"{r.arm}-seed{r.seed}" for r in sweep("").runs if (r.arm, r.seed) not in done]
     lines += ["", f"Missing runs ({len(missing)}): {', '.join(missing) if missing else 'none'}"]
     return "\n".join(lines)
 

@@ -39,7 +39,7 @@ SETTINGS = {
 
 
 def parse_combination(text: str) -> dict:
-    """``"lr 3e-3+4 epochs"`` -> the union of those settings' changes."""
+    """A setting's changes, or a combination's (``"lr 3e-3+4 epochs"``: the union of those settings')."""
     out: dict = {}
     for name in text.split("+"):
         if name.strip() not in SETTINGS:
@@ -106,8 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     problems = [p for p in setup.evals[:cfg.eval_size] for _ in range(cfg.eval_samples)]
     print(f"[value pretraining] held-out success rate {float(held.rewards.sum(-1).mean()):.3f}; consistency "
           f"oracle explained variance {consistency_oracle_ev(held, problems, setup.task, tok):.3f}", flush=True)
-    runs = {name: SETTINGS[name] for name in args.settings.split(",") if name}
-    runs.update({c: parse_combination(c) for c in args.combine})
+    runs = {name: parse_combination(name) for name in [*args.settings.split(","), *args.combine] if name}
     results = {}
     for name, change in runs.items():
         pc = PretrainConfig(critic_pretrain_steps=args.steps, critic_pretrain_eval_every=args.eval_every,
