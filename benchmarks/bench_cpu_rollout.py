@@ -28,16 +28,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from benchlib import REPO, random_prompts, run_launcher
+from benchlib import REPO, random_prompts, run_launcher, timed
 
 #: vLLM's rollout dtypes measured, short name -> verl's ``rollout.dtype`` (bfloat16: verl's default)
 DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
-
-
-# ---------------------------------------------------------------------------------------------- tiny task
 
 
 def tiny_row(work_dir: Path, steps: int, backend: str, dtype: str, extra: list[str]) -> dict:
@@ -77,9 +73,6 @@ def tiny_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-# ---------------------------------------------------------------------------------------------- 0.5B stand-in
-
-
 def build_standin(directory: str) -> None:
     """A random float32 model with Qwen2.5-0.5B's full shape, saved to ``directory`` (no tokenizer needed)."""
     import torch
@@ -114,14 +107,11 @@ def hf_generate(directory: str, prompts: list[list[int]], tokens: int) -> dict:
 
     from verl_group_ppo.cpu.generation import SamplingRequest, generate_batch
 
-    start = time.perf_counter()
-    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, attn_implementation="sdpa").eval()
-    load = time.perf_counter() - start
+    model, load = timed(lambda: AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32,
+                                                                     attn_implementation="sdpa").eval())
     requests = [SamplingRequest(prompt_ids=tuple(p), max_tokens=tokens) for p in prompts]
-    start = time.perf_counter()
-    completions = generate_batch(model, requests, eos_token_ids=[], pad_token_id=151643,
-                                 generator=torch.Generator().manual_seed(0))
-    gen = time.perf_counter() - start
+    completions, gen = timed(lambda: generate_batch(model, requests, eos_token_ids=[], pad_token_id=151643,
+                                                    generator=torch.Generator().manual_seed(0)))
     assert all(len(c.token_ids) == tokens for c in completions)
     return {"start_s": load, "gen_s": gen}
 

@@ -3,20 +3,17 @@
     python benchmarks/bench_cpu_step_scaling.py --work-dir runs/cpu-tiny \
         --estimators group_ppo,gae --prompts 16,32,64 --steps 6
 
-For every (estimator, prompts per step) pair it runs ``examples/cpu/common.sh ESTIMATOR`` for ``--steps``
-steps with ``data.train_batch_size=P`` (x 4 responses), one actor mini-batch of the whole batch and two
-critic mini-batches (the launcher's own shape), saves the console log under ``--log-dir`` and prints a
-markdown table of verl's ``timing_s/*`` means over the steps after the first, with each row's step time
-as a ratio to the first row of the same estimator (measured in the same invocation: these machines are
-noisy, so only ratios within one run are compared). ``WORK_DIR`` must hold a prepared tiny task, or the
-first run prepares it (a few minutes, not timed in the table).
+For every (estimator, prompts per step) pair it runs ``examples/cpu/common.sh ESTIMATOR`` for ``--steps`` steps
+with ``P`` prompts x 4 responses a step in the launcher's shape (:func:`run_one`), keeps the log under
+``--log-dir`` and prints a markdown table of verl's ``timing_s/*`` means over the steps after the first, each
+row's step time also as a ratio to the estimator's first row (only ratios within one run are compared).
+``WORK_DIR`` must hold a prepared tiny task, or the first run prepares it (not timed in the table).
 """
 
 from __future__ import annotations
 
 import argparse
 import math
-import sys
 from pathlib import Path
 
 from benchlib import REPO, LauncherRun, int_list, run_launcher
@@ -81,4 +78,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -15,10 +15,9 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from pathlib import Path
 
-from benchlib import int_list
+from benchlib import int_list, timed
 
 
 def main(argv=None) -> int:
@@ -59,13 +58,12 @@ def main(argv=None) -> int:
                     record_groups_at=())
     rises = []
     for seed in seeds:
-        start = time.perf_counter()
-        result = run_one(args.estimator, seed, cfg, task, tok, train, test[:64], init)
+        result, seconds = timed(lambda: run_one(args.estimator, seed, cfg, task, tok, train, test[:64], init))
         rewards = [h["reward/mean"] for h in result["history"]]
         first, last = statistics.mean(rewards[:10]), statistics.mean(rewards[-10:])
         rises.append(last - first)
         print(f"seed {seed}: reward first 10 steps {first:.3f}, last 10 {last:.3f}, rise {last - first:+.3f} "
-              f"({time.perf_counter() - start:.0f} s)", flush=True)
+              f"({seconds:.0f} s)", flush=True)
     spread = f", min {min(rises):+.3f}, max {max(rises):+.3f}" if len(rises) > 1 else ""
     print(f"{args.estimator}, {args.prompts} x 4 responses, {args.steps} steps, actor lr {args.actor_lr:g}: "
           f"mean rise {statistics.mean(rises):+.3f} over {len(rises)} seed(s){spread}")

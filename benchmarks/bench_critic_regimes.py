@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Where bootstrapping pays: the estimator family against PPO in two critic regimes, one run at a time.
 
 The pre-registered comparison of docs/results.md ("Critic regimes") on the default task from the demo's warm
@@ -21,7 +20,6 @@ import argparse
 import math
 import os
 import statistics
-import sys
 import time
 from typing import Any
 
@@ -99,10 +97,6 @@ def run_sweep(out_dir: str, steps: int, log=print) -> int:
         return run_record(run, result, s.critic_pretrain)
 
     return run_pending(sweep(out_dir), one, finished(steps), log, "regimes")
-
-
-# ---------------------------------------------------------------------------------------------------------
-# the report
 
 
 def load_runs(runs: Sweep) -> dict[str, list[dict]]:
@@ -228,4 +222,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -15,7 +15,8 @@ import argparse
 import json
 import os
 import statistics
-import time
+
+from benchlib import timed
 
 
 def _setup(terms, args):
@@ -51,18 +52,13 @@ def main() -> None:
     lengths: dict[str, list[float]] = {k: [] for k in setups}
     for step in range(1, args.steps + 1):
         for k, s in setups.items():  # alternate: both see the same background load
-            t0 = time.perf_counter()
-            rec, _, _ = train_step(learners[k], step, s.cfg, s.task, s.tok, s.train)
-            times[k].append(time.perf_counter() - t0)
+            (rec, _, _), seconds = timed(lambda: train_step(learners[k], step, s.cfg, s.task, s.tok, s.train))
+            times[k].append(seconds)
             lengths[k].append(rec["response_length/mean"])
     d = setups["default"]
     ev = Evaluator(d.task, d.tok, d.evals, d.cfg)
-    t0 = time.perf_counter()
-    ev(learners["default"].policy, 1)
-    periodic_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    ev.final_eval(learners["default"].policy)
-    final_s = time.perf_counter() - t0
+    _, periodic_s = timed(lambda: ev(learners["default"].policy, 1))
+    _, final_s = timed(lambda: ev.final_eval(learners["default"].policy))
     step_s = {k: statistics.median(v) for k, v in times.items()}
     print(json.dumps({
         "median_step_s": step_s,

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Where GROUP-PPO's edge lies: the demo's arms against PPO at one response length, and the report over lengths.
 
 The pre-registered sweep of docs/results.md ("Edge vs response length"), one length at a time, then the report::

@@ -19,8 +19,10 @@ import argparse
 import ctypes
 import gc
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -63,11 +65,8 @@ def estimator_fn(name: str, x: dict) -> Callable[[], object]:
 
 
 def _rss_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"{field} not in /proc/self/status")
+    """A memory figure of this process in KiB, e.g. ``VmRSS`` (/proc/self/status)."""
+    return int(re.search(rf"^{field}:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.MULTILINE).group(1))
 
 
 def peak_extra_bytes(name: str, batch: int, length: int, device: str) -> int:

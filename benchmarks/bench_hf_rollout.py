@@ -3,17 +3,12 @@
     .venv/bin/python benchmarks/bench_hf_rollout.py                   # 256 responses, 3 rounds
     .venv/bin/python benchmarks/bench_hf_rollout.py --responses 64 --rounds 5 --layers 2
 
-Builds a small random Qwen2 causal LM (no download) and starts the rollout server as a Ray actor, as the
-``hf`` replica does. Per round, alternating which goes first:
-
-* rollout: ``--responses`` ``generate`` calls sent to the server concurrently (as verl's agent loop
-  sends them: one Ray call per response), timed until the last response is back;
-* baseline: the same prompts as one left-padded batch through ``model.generate`` in this process,
-  with the same sampling settings and the log-probs of the sampled tokens (``compute_transition_scores``).
-
-Both generate exactly ``--response-length`` tokens per response (EOS is ignored on both sides), one
-torch thread each. Prints the median times, the ratio rollout / baseline (target: at most 2) and the
-batch sizes the server formed.
+On a small random Qwen2 causal LM, per round, alternating which goes first: ``--responses`` ``generate`` calls
+sent at once to the rollout server, a Ray actor as the ``hf`` replica starts it (one call per response, as
+verl's agent loop sends them), against the same prompts as one left-padded ``model.generate`` batch in this
+process, log-probs of the sampled tokens included. Both sample exactly ``--response-length`` tokens per
+response (EOS ignored), one torch thread each. Prints the median times, the ratio rollout / baseline (target:
+at most 2) and the batch sizes the server formed.
 """
 
 from __future__ import annotations
@@ -26,7 +21,7 @@ import time
 from typing import Any
 
 import torch
-from benchlib import random_prompts
+from benchlib import random_prompts, timed
 
 
 def build_model(directory: str, hidden: int, layers: int, vocab: int, seed: int) -> Any:
@@ -49,10 +44,9 @@ def time_rollout(server: Any, prompts: list[list[int]]) -> float:
     """Seconds until every prompt's response is back from ``generate`` calls sent at once (served concurrently)."""
     import ray
 
-    start = time.perf_counter()
-    outputs = ray.get([server.generate.remote(request_id=str(i), prompt_ids=p, sampling_params=dict(SAMPLING))
-                       for i, p in enumerate(prompts)])
-    elapsed = time.perf_counter() - start
+    outputs, elapsed = timed(lambda: ray.get([server.generate.remote(request_id=str(i), prompt_ids=p,
+                                                                      sampling_params=dict(SAMPLING))
+                                              for i, p in enumerate(prompts)]))
     assert all(out.log_probs is not None and len(out.log_probs) == len(out.token_ids) for out in outputs)
     return elapsed
 

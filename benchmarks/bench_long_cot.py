@@ -46,15 +46,8 @@ DECISIVE_EVERY = 32  # tokens per decisive token, on average
 DRIFT_LENGTH = 64.0  # correlation length of the critic's slow drift, in tokens
 
 
-@dataclass(frozen=True)
-class Critic:
-    """A critic-noise model: total std, and whether it has per-token jitter."""
-
-    std: float
-    jitter: bool = True
-
-
-CRITICS = {"trained": Critic(0.2), "weak": Critic(0.3), "smooth": Critic(0.2, jitter=False)}
+#: the critics' noise models: name -> (total std, whether it has per-token jitter)
+CRITICS = {"trained": (0.2, True), "weak": (0.3, True), "smooth": (0.2, False)}
 
 
 @dataclass(frozen=True)
@@ -115,9 +108,9 @@ def true_values(batch: int, length: int, g: torch.Generator) -> tuple[torch.Tens
     return v_star, reward
 
 
-def critic_noise(batch: int, length: int, critic: Critic, g: torch.Generator) -> torch.Tensor:
+def critic_noise(batch: int, length: int, std: float, jitter: bool, g: torch.Generator) -> torch.Tensor:
     """(B, T) noise: per-response offset + AR(1) drift (+ per-token jitter), equal variances summing to std^2."""
-    part = critic.std / math.sqrt(3.0 if critic.jitter else 2.0)
+    part = std / math.sqrt(3.0 if jitter else 2.0)
     rho = math.exp(-1.0 / DRIFT_LENGTH)
     shocks = torch.randn(batch, length, generator=g, dtype=torch.float64) * math.sqrt(1 - rho**2)
     shocks[:, 0] = torch.randn(batch, generator=g, dtype=torch.float64)  # stationary start
@@ -128,16 +121,16 @@ def critic_noise(batch: int, length: int, critic: Critic, g: torch.Generator) ->
         raise ValueError(f"--lengths: {length} is too long for the drift model (at most {600 * DRIFT_LENGTH:g})")
     drift = powers * torch.cumsum(shocks / powers, dim=1)
     offset = torch.randn(batch, 1, generator=g)
-    jitter = torch.randn(batch, length, generator=g) if critic.jitter else torch.zeros(batch, length)
-    return part * (offset + drift.float() + jitter)
+    noise = torch.randn(batch, length, generator=g) if jitter else torch.zeros(batch, length)
+    return part * (offset + drift.float() + noise)
 
 
-def make_batch(length: int, batch_tokens: int, critic: Critic, seed: int) -> dict:
-    """One synthetic batch: rewards, values, mask (all (B, T) float32) and prompt ids (B,)."""
+def make_batch(length: int, batch_tokens: int, critic: str, seed: int) -> dict:
+    """One synthetic batch with ``critic``'s values: rewards, values, mask (all (B, T) float32) and prompt ids (B,)."""
     g = torch.Generator().manual_seed(seed)
     batch = max(RESPONSES_PER_PROMPT, batch_tokens // length)
     v_star, rewards = true_values(batch, length, g)
-    values = v_star + critic_noise(batch, length, critic, g)
+    values = v_star + critic_noise(batch, length, *CRITICS[critic], g)
     index = np.array([f"p{i // RESPONSES_PER_PROMPT}" for i in range(batch)], dtype=object)
     return {"rewards": rewards, "values": values, "mask": torch.ones(batch, length), "index": index}
 
@@ -149,7 +142,7 @@ def measure_length(length: int, critic: str, args: argparse.Namespace) -> list[R
     from verl_group_ppo.config import read_algorithm_settings
     from verl_group_ppo.core_algos import compute_group_ppo_outputs
 
-    x = make_batch(length, args.batch_tokens, CRITICS[critic], seed=args.seed)
+    x = make_batch(length, args.batch_tokens, critic, seed=args.seed)
     calls: dict[str, Callable[[], object]] = {
         "gae": lambda: compute_gae_advantage_return(x["rewards"], x["values"], x["mask"], 1.0, 1.0)}
     for s in SETTINGS:

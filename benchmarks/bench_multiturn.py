@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Does GROUP-PPO help over turns? The pre-registered comparison on the tiny tool task (docs/results.md,
 "Multi-turn: the tool task"), through verl's real ``main_ppo`` and its tool agent loop.
 

@@ -3,18 +3,14 @@
     .venv/bin/python benchmarks/bench_plugin_import.py              # 7 rounds
     .venv/bin/python benchmarks/bench_plugin_import.py --rounds 15
 
-Each measurement is a fresh interpreter. Rounds alternate the plugin on (``VERL_USE_EXTERNAL_PLUGINS``
-unset, verl's default ``auto``) and off (``none``) so machine noise hits both alike. Three stages per
-process, timed inside it: ``import verl``; then ``verl.trainer.ppo.core_algos`` + ``ppo.utils`` (where
-the plugin registers the estimator and replaces need_critic); then ``verl.trainer.ppo.v1`` (where it
-installs the trainer classes). Prints medians and the on-minus-off difference per stage.
-
-Fresh-interpreter timings on a shared machine carry noise of a few hundred ms, far above the plugin's
-cost, so the plugin-off processes also time the plugin's own work directly, in process, after the three
-stages: verl's entry-point discovery, then importing ``verl_group_ppo.integration.entry_point`` (whose
-hooks then fire at once for every hooked verl module already imported: estimator registration with the
-import of our math module, the need_critic and validate_config wrappers, and the trainer classes with
-the import of our trainer module; ``verl.trainer.main_ppo`` is not imported, so its hook stays pending).
+Each measurement is a fresh interpreter; rounds alternate the plugin on (``VERL_USE_EXTERNAL_PLUGINS`` unset,
+verl's default ``auto``) and off (``none``). Three stages, timed inside the process: ``import verl``; then
+``verl.trainer.ppo.core_algos`` + ``ppo.utils`` (the plugin registers the estimator and replaces need_critic);
+then ``verl.trainer.ppo.v1`` (it installs the trainer classes). Prints medians and the on-minus-off difference
+per stage. As that difference is within the noise of fresh interpreters, the plugin-off processes also time the
+plugin's own work in process, after the three stages: verl's entry-point discovery, then importing
+``verl_group_ppo.integration.entry_point``, whose hooks fire at once for the hooked verl modules already
+imported (``verl.trainer.main_ppo`` is not, so its hook stays pending).
 """
 
 from __future__ import annotations

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Which value-pretraining settings give the demo's critic the highest held-out explained variance.
 
 Every setting pretrains a fresh critic (backbone from the warm start, value head at zero) for ``--steps``
@@ -18,7 +17,6 @@ import argparse
 import dataclasses
 import itertools
 import os
-import sys
 import time
 
 from benchlib import REPO, write_json
@@ -40,12 +38,10 @@ SETTINGS = {
 
 def parse_combination(text: str) -> dict:
     """A setting's changes, or a combination's (``"lr 3e-3+4 epochs"``: the union of those settings')."""
-    out: dict = {}
-    for name in text.split("+"):
-        if name.strip() not in SETTINGS:
-            raise SystemExit(f"unknown setting {name.strip()!r}; known: {', '.join(SETTINGS)}")
-        out.update(SETTINGS[name.strip()])
-    return out
+    names = [name.strip() for name in text.split("+")]
+    if unknown := [name for name in names if name not in SETTINGS]:
+        raise SystemExit(f"unknown setting {unknown[0]!r}; known: {', '.join(SETTINGS)}")
+    return {key: value for name in names for key, value in SETTINGS[name].items()}
 
 
 def consistency_oracle_ev(held, problems: list, task, tok) -> float:
@@ -123,4 +119,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

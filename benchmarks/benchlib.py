@@ -1,5 +1,5 @@
 """The plumbing the benchmark scripts share: the repository root, JSON records, a CPU launcher run, resumable
-sweeps, paired differences, round-robin timing and figures.
+sweeps, paired differences, timing and figures.
 
 A benchmark is a script, run as ``python benchmarks/<name>.py`` from any folder: Python puts its folder first on
 ``sys.path``, so it imports this module by name and none loads another by path (tests put ``benchmarks/`` on
@@ -184,24 +184,21 @@ def run_pending(sweep: Sweep, run_one: Callable[[Run], dict], accept: Accept = N
     return len(todo)
 
 
-def differences(records: Iterable[dict], pairs: Iterable[tuple[str, str]], metrics: Mapping[str, Any],
-                arm_key: str = "estimator", rule: Optional[Callable[[dict], str]] = None) -> dict[str, dict[str, dict]]:
-    """``{"arm-baseline": {metric: difference}}`` per ``(arm, baseline)`` of ``pairs``: the paired difference
-    over the seeds both have (``demo.report.paired_difference``: seeds, mean, se, per_seed) and its
-    ``"verdict"``, ``rule(difference)`` (default: the comparison rule, ``demo.report.verdict``). A metric is a
-    record's key or a function of a record; a record's arm is ``record[arm_key]``."""
+def differences(records: Iterable[dict], pairs: Iterable[tuple[str, str]], metrics: Mapping[str, str],
+                arm_key: str = "estimator") -> dict[str, dict[str, dict]]:
+    """``{"arm-baseline": {metric: difference}}`` per ``(arm, baseline)`` of ``pairs`` and per metric (its name ->
+    a record's key): the paired difference over the seeds both have (``demo.report.paired_difference``: seeds,
+    mean, se, per_seed) with the comparison rule's ``"verdict"`` (``demo.report.verdict``). A record's arm is
+    ``record[arm_key]``."""
     from verl_group_ppo.demo.report import paired_difference, verdict
 
     records = list(records)
-    value = {name: m if callable(m) else (lambda r, key=m: r[key]) for name, m in metrics.items()}
-    out: dict[str, dict[str, dict]] = {}
-    for arm, base in pairs:
-        out[f"{arm}-{base}"] = {}
-        for name, get in value.items():
-            a, b = ({int(r["seed"]): get(r) for r in records if r[arm_key] == x} for x in (arm, base))
-            diff = paired_difference(a, b)
-            out[f"{arm}-{base}"][name] = {**diff, "verdict": (rule or verdict)(diff)}
-    return out
+
+    def difference(arm: str, base: str, key: str) -> dict:
+        diff = paired_difference(*({int(r["seed"]): r[key] for r in records if r[arm_key] == x} for x in (arm, base)))
+        return {**diff, "verdict": verdict(diff)}
+
+    return {f"{arm}-{base}": {name: difference(arm, base, key) for name, key in metrics.items()} for arm, base in pairs}
 
 
 def plus_minus(diff: dict) -> str:
@@ -212,6 +209,13 @@ def plus_minus(diff: dict) -> str:
 def cell(diff: dict) -> str:
     """A table cell: ``"+0.030 +- 0.012 (3 seeds, win)"``, or ``"n/a"`` without a common seed."""
     return "n/a" if diff["mean"] is None else f"{plus_minus(diff)} ({len(diff['seeds'])} seeds, {diff['verdict']})"
+
+
+def timed(call: Callable[[], Any]) -> tuple[Any, float]:
+    """``call()``'s result and the wall seconds it took."""
+    start = time.perf_counter()
+    result = call()
+    return result, time.perf_counter() - start
 
 
 def time_round_robin(calls: Mapping[str, Callable[[], Any]], repeats: int, sync: Callable[[], Any] = lambda: None,

@@ -86,15 +86,16 @@ def test_differences_pair_by_seed_and_apply_the_rule():
     lib = _load("benchlib")
     records = [{"estimator": "a", "seed": s, "v": 0.5 + 0.1 + 0.01 * s} for s in (0, 1, 2, 3)]
     records += [{"estimator": "b", "seed": s, "v": 0.5 + 0.02 * s} for s in (0, 1, 2)]
-    d = lib.differences(records, [("a", "b"), ("b", "a")], {"v": "v", "twice": lambda r: 2 * r["v"]})
+    records = [{**r, "twice": 2 * r["v"]} for r in records]
+    d = lib.differences(records, [("a", "b"), ("b", "a")], {"v": "v", "twice": "twice"})
     ab = d["a-b"]["v"]
     assert ab["seeds"] == [0, 1, 2] and ab["per_seed"] == pytest.approx([0.1, 0.09, 0.08])  # seed 3 unpaired
     assert ab["mean"] == pytest.approx(0.09) and ab["se"] == pytest.approx(0.01 / math.sqrt(3))
     assert ab["verdict"] == "win" and d["b-a"]["v"]["verdict"] == "lose"
     assert d["a-b"]["twice"]["mean"] == pytest.approx(0.18)
     assert lib.cell(ab) == "+0.090 +- 0.012 (3 seeds, win)"
-    big = lib.differences(records, [("a", "b")], {"v": "v"}, rule=lambda diff: "big" if diff["mean"] > 0.5 else "small")
-    assert big["a-b"]["v"]["verdict"] == "small"  # the verdict rule is a hook
+    tagged = [{**r, "arm": r["estimator"], "estimator": "other"} for r in records]  # the arm under another key
+    assert lib.differences(tagged, [("a", "b")], {"v": "v"}, arm_key="arm")["a-b"]["v"]["seeds"] == [0, 1, 2]
     assert lib.cell(lib.differences(records, [("a", "c")], {"v": "v"})["a-c"]["v"]) == "n/a"
 
 
