@@ -5,18 +5,15 @@
     .venv/bin/python benchmarks/bench_cpu_rollout.py --part standin --prompts 32 --tokens 64
 
 Part ``tiny``: the main job (``examples/cpu/common.sh group_ppo``, as ``run_tiny_group_ppo.sh``) on the tiny task
-in ``--work-dir`` (built there first when missing) for ``--steps`` steps with ``rollout.name=hf`` (fp32), then
-``vllm`` in each of :data:`DTYPES` (the actor stays fp32). Per run: start-up (wall time before the first step:
-Ray, workers, models, and vLLM's engine), verl's ``timing_s/gen`` and ``timing_s/step`` for step 1 and as the
-mean of steps 2..N, and the largest ``|actor/ppo_kl|`` (the launcher's bypass mode makes the rollout's
-log-probs the old log-probs, so this is the rollout-vs-actor gap at the first mini-batch).
+in ``--work-dir`` (built first when missing) for ``--steps`` steps with ``rollout.name=hf`` (fp32), then ``vllm``
+in each of :data:`DTYPES` (the actor stays fp32). Per run: start-up (wall time before the first step), verl's
+``timing_s/gen`` and ``timing_s/step`` for step 1 and as the mean of steps 2..N, and the largest
+``|actor/ppo_kl|`` (the launcher's bypass mode makes the rollout's log-probs the old ones: the rollout-vs-actor gap).
 
-Part ``standin``: a random model with Qwen2.5-0.5B's full shape (:func:`build_standin`), ``--prompts`` prompts x
-``--tokens`` sampled tokens (EOS ignored): the ``hf`` rollout's ``generate_batch`` in fp32, and vLLM's engine
-in each of :data:`DTYPES` (each in its own process; engine start timed apart). The gap: vLLM's log-prob of each
-sampled token against the fp32 model's (teacher-forced), max and mean absolute difference.
-
-Prints one markdown table per part (docs/benchmarks.md holds the measured ones).
+Part ``standin``: a random model with Qwen2.5-0.5B's full shape (:func:`build_standin`) samples ``--prompts`` x
+``--tokens`` tokens (EOS ignored) through the ``hf`` rollout's ``generate_batch`` in fp32 and vLLM's engine in each
+of :data:`DTYPES` (own process; engine start timed apart), with the max and mean absolute gap between vLLM's
+log-prob of each sampled token and the fp32 model's (teacher-forced). Prints one markdown table per part.
 """
 
 from __future__ import annotations
@@ -41,14 +38,11 @@ def tiny_row(work_dir: Path, steps: int, backend: str, dtype: str, extra: list[s
     run = run_launcher("group_ppo", steps, [f"actor_rollout_ref.rollout.name={backend}", *extra],
                        env={"WORK_DIR": str(work_dir)})
     later = [run.steps[s] for s in sorted(run.steps) if s > 1]
-    return {
-        "rollout": backend, "dtype": dtype,
-        "start_up_s": run.seconds - sum(m["timing_s/step"] for m in run.steps.values()),
-        "gen_step1_s": run.steps[1]["timing_s/gen"],
-        "gen_s": statistics.mean(m["timing_s/gen"] for m in later),
-        "step_s": statistics.mean(m["timing_s/step"] for m in later),
-        "ppo_kl_max": max(abs(m["actor/ppo_kl"]) for m in run.steps.values()),
-    }
+    return {"rollout": backend, "dtype": dtype,
+            "start_up_s": run.seconds - sum(m["timing_s/step"] for m in run.steps.values()),
+            "gen_step1_s": run.steps[1]["timing_s/gen"], "gen_s": statistics.mean(m["timing_s/gen"] for m in later),
+            "step_s": statistics.mean(m["timing_s/step"] for m in later),
+            "ppo_kl_max": max(abs(m["actor/ppo_kl"]) for m in run.steps.values())}
 
 
 def bench_tiny(work_dir: Path, steps: int) -> list[dict]:

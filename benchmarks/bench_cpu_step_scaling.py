@@ -31,16 +31,14 @@ def prompt_counts(text: str) -> list[int]:
 
 
 def run_one(estimator: str, prompts: int, steps: int, work_dir: Path, log_path: Path) -> LauncherRun:
-    """Run the launcher once with ``prompts`` prompts a step, its log in ``log_path``. Raises on a failed run."""
-    overrides = [
-        f"data.train_batch_size={prompts}",
-        f"actor_rollout_ref.actor.ppo_mini_batch_size={prompts}",
-        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={math.gcd(32, 4 * prompts)}",
-        f"critic.ppo_mini_batch_size={prompts // 2}",
-        # the critic's mini-batch is 2 x prompts responses; its micro-batch must divide it
-        f"critic.ppo_micro_batch_size_per_gpu={math.gcd(32, 2 * prompts)}",
-        f"trainer.experiment_name=scaling_{estimator}_{prompts}",
-    ]
+    """Run the launcher once with ``prompts`` prompts a step in its shape (one actor mini-batch of the whole batch,
+    two critic mini-batches; each micro-batch divides its mini-batch), its log in ``log_path``. Raises on a failed
+    run."""
+    overrides = [f"data.train_batch_size={prompts}", f"actor_rollout_ref.actor.ppo_mini_batch_size={prompts}",
+                 f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={math.gcd(32, 4 * prompts)}",
+                 f"critic.ppo_mini_batch_size={prompts // 2}",
+                 f"critic.ppo_micro_batch_size_per_gpu={math.gcd(32, 2 * prompts)}",
+                 f"trainer.experiment_name=scaling_{estimator}_{prompts}"]
     return run_launcher(estimator, steps, overrides, env={"WORK_DIR": str(work_dir)}, log_path=log_path)
 
 

@@ -1,17 +1,17 @@
 """Where bootstrapping pays: the estimator family against PPO in two critic regimes, one run at a time.
 
 The pre-registered comparison of docs/results.md ("Critic regimes") on the default task from the demo's warm
-start: arms group_ppo, group_ppo_per_token, endpoint_loss, gae (lam 1) and vapo in two critic regimes
-(``recipe``: the demo's critic recipe; ``pretrained``: the same from a critic pretrained on the warm start's
-samples, :mod:`verl_group_ppo.demo.pretrain`), and grpo once (it has no critic). Rerun after an interruption::
+start: group_ppo, group_ppo_per_token, endpoint_loss, gae (lam 1) and vapo in two critic regimes (``recipe``: the
+demo's critic recipe; ``pretrained``: the same from a pretrained critic, :mod:`verl_group_ppo.demo.pretrain`), and
+grpo once (it has no critic). Rerun the first command after an interruption::
 
     .venv/bin/python benchmarks/bench_critic_regimes.py --output-dir runs/critic-regimes
     .venv/bin/python benchmarks/bench_critic_regimes.py --output-dir runs/critic-regimes --report
 
-Each finished run is one JSON file, ``RUNS/<regime>/<arm>-seed<seed>.json``: a rerun skips it, and reuses the
-cached warm start and pretrained critic (``setup/cache``). ``--report`` prints, of whatever runs exist (missing
-ones listed), per regime the paired differences to PPO with the rule's verdicts, each arm's mean final accuracy
-and its critic's final explained variance, and draws ``docs/critic_regimes.png`` (``--figure``).
+A finished run is kept as ``RUNS/<regime>/<arm>-seed<seed>.json`` and skipped by a rerun, which reuses the cached
+warm start and pretrained critic. The report, of the runs found (missing ones listed): per regime each arm's mean
+final accuracy, its critic's final explained variance and the paired differences to PPO with the rule's verdicts,
+and the figure ``docs/critic_regimes.png`` (``--figure``).
 """
 
 from __future__ import annotations

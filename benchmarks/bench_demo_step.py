@@ -23,10 +23,8 @@ def _setup(terms, args):
     from verl_group_ppo.demo.cli import DemoOptions, setup_demo
     from verl_group_ppo.demo.rl import RunConfig
 
-    name = "default" if terms is None else terms
-    opts = DemoOptions(output_dir=os.path.join(args.cache_dir, f"terms-{name}"), terms=terms,
-                       warmstart_steps=args.warmstart_steps, final_eval_size=args.final_eval_size,
-                       no_progress=True)
+    opts = DemoOptions(output_dir=os.path.join(args.cache_dir, f"terms-{terms or 'default'}"), terms=terms,
+                       warmstart_steps=args.warmstart_steps, final_eval_size=args.final_eval_size, no_progress=True)
     return setup_demo(opts, RunConfig(steps=args.steps + 1), "cpu", log=lambda m: None)
 
 

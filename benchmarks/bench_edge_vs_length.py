@@ -5,12 +5,11 @@ The pre-registered sweep of docs/results.md ("Edge vs response length"), one len
     .venv/bin/python benchmarks/bench_edge_vs_length.py --terms 4-5     # also 8-10 and 12-14
     .venv/bin/python benchmarks/bench_edge_vs_length.py --report
 
-A length runs the demo twice on one cached warm start: group_ppo, gae, sae and grpo on seeds 0-2, then
-group_ppo and gae on seeds 3-5. Every arm runs the demo's defaults (``lam`` 1, one critic recipe and warm-up).
-The report reads every length under ``--output-dir`` and prints the paired differences to PPO (final sampled
-accuracy and curve area, mean +- 2 paired SE, the rule's verdict) with the mean response length, each arm's
-mean final accuracy with SAE - GROUP-PPO and GRPO - PPO, and the trend verdicts, and draws
-``docs/edge_vs_length.png`` (``--figure``).
+A length runs the demo (its defaults for every arm) twice on one cached warm start: group_ppo, gae, sae and grpo
+on seeds 0-2, then group_ppo and gae on seeds 3-5. The report reads every length under ``--output-dir``: the paired
+differences to PPO (final sampled accuracy and curve area, mean +- 2 paired SE, the rule's verdict) by mean
+response length, each arm's mean final accuracy with SAE - GROUP-PPO and GRPO - PPO, the trend verdicts, and the
+figure ``docs/edge_vs_length.png`` (``--figure``).
 """
 
 from __future__ import annotations
@@ -20,6 +19,7 @@ import json
 import math
 import os
 import sys
+from pathlib import Path
 from typing import Any, NamedTuple
 
 from benchlib import DEMO_METRICS, REPO, cell, differences, figure, read_json
@@ -41,8 +41,8 @@ class Length(NamedTuple):
     arms: dict  # verl_group_ppo.demo.report.summarise(...)["estimators"]: arm -> final_mean, seeds, ...
 
 
-def run_length(terms: str, out_root: str, steps: int) -> str:
-    """Both parts of one length; the second reuses the first's warm-start cache. Returns the length's folder."""
+def run_length(terms: str, out_root: str, steps: int) -> None:
+    """Both parts of one length, in ``OUT_ROOT/terms-<terms>/``; the second reuses the first's warm-start cache."""
     from verl_group_ppo.demo.cli import main as demo_main
 
     out_dir = os.path.join(out_root, f"terms-{terms}")
@@ -56,7 +56,6 @@ def run_length(terms: str, out_root: str, steps: int) -> str:
         print(f"[edge] terms {terms}, part {name}: python -m verl_group_ppo.demo {' '.join(argv)}", flush=True)
         if demo_main(argv) != 0:
             raise SystemExit(f"the demo failed for terms {terms}, part {name}")
-    return out_dir
 
 
 def load_length(out_dir: str) -> tuple[list[dict], float]:
@@ -110,15 +109,13 @@ def load_rows(out_root: str) -> list[Length]:
     from verl_group_ppo.demo.report import summarise
 
     rows: list[Length] = []
-    for entry in sorted(os.listdir(out_root)):
-        if not (entry.startswith("terms-") and os.path.isdir(os.path.join(out_root, entry))):
-            continue
+    for folder in sorted(path for path in Path(out_root).glob("terms-*") if path.is_dir()):
         try:
-            runs, length = load_length(os.path.join(out_root, entry))
+            runs, length = load_length(str(folder))
         except FileNotFoundError as err:  # a length still running, or never finished: left out, and said so
-            print(f"[edge] {entry} left out of the report: {err}", file=sys.stderr)
+            print(f"[edge] {folder.name} left out of the report: {err}", file=sys.stderr)
             continue
-        rows.append(Length(entry[len("terms-"):], length, differences(runs, PAIRS, DEMO_METRICS),
+        rows.append(Length(folder.name[len("terms-"):], length, differences(runs, PAIRS, DEMO_METRICS),
                            summarise(runs)["estimators"]))
     return sorted(rows, key=lambda r: r.mean_response_length)
 

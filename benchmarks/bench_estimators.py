@@ -4,13 +4,12 @@
     .venv/bin/python benchmarks/bench_estimators.py --device cpu    # CPU only
     .venv/bin/python benchmarks/bench_estimators.py --shapes 64x512 --repeats 3
 
-Estimators run round-robin inside every repeat, so machine noise hits them alike; the table gives the
-median wall time per call, the median process CPU time, the ratio to verl's GAE, and the peak memory a
-call needs beyond its inputs and outputs (measured in a fresh subprocess per estimator: on CPU the
-kernel's resident-set high-water mark, reset right before the call, with glibc's mmap threshold fixed so
-every large buffer shows; on CUDA torch's peak allocation).
-Inputs: fp32 rewards (a 0/1 outcome at each response's last token), values ~ N(0, 1), response
-lengths uniform in [T/4, T], 8 responses per prompt.
+Estimators run round-robin inside every repeat, so machine noise hits them alike; the table gives the median
+wall and process CPU time per call, the ratio to verl's GAE, and the peak memory a call needs beyond its inputs
+and outputs (in a fresh subprocess per estimator: on CPU the resident-set high-water mark, reset right before
+the call, glibc's mmap threshold fixed so every large buffer shows; on CUDA torch's peak allocation). Inputs:
+fp32 rewards (a 0/1 outcome at each response's last token), values ~ N(0, 1), response lengths uniform in
+[T/4, T], 8 responses per prompt.
 """
 
 from __future__ import annotations
@@ -145,8 +144,7 @@ def main(argv: list[str] | None = None) -> int:
 
     header = (f"{'device':<6} {'B':>5} {'T':>5}  {'estimator':<18} {'median s':>9} {'cpu s':>8} {'/ GAE':>7} "
               f"{'extra MiB':>10} {'x BxTx4':>8}")
-    print(header)
-    print("-" * len(header))
+    print(f"{header}\n{'-' * len(header)}")
     for r in results:
         ratio = "" if r["ratio_to_gae"] is None else f"{r['ratio_to_gae']:.3f}"
         mem = "" if r["peak_extra_bytes"] is None else f"{r['peak_extra_bytes'] / 2**20:.1f}"

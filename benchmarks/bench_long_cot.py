@@ -12,31 +12,30 @@ process-CPU time per batch next to verl's ``compute_gae_advantage_return`` on th
 round-robin; the first critic's batches only: the cost does not depend on the values).
 
 The synthetic task, per response ("decisive" tokens are where a reasoning step goes right or wrong):
-  * a latent score x_t: x_0 ~ N(mu, 0.3^2) with mu ~ N(0, 0.8^2) shared by the 8 responses to one prompt;
-    each token adds N(0, s_t^2). Of the variance the tokens add (0.6 in all, whatever T), half is spread evenly
-    over all tokens and half sits on decisive tokens, one per 32 tokens on average, at random positions.
+  * a latent score x_t: x_0 ~ N(mu, 0.3^2) with mu ~ N(0, 0.8^2) shared by the 8 responses to one prompt; each
+    token adds N(0, s_t^2): of the variance the tokens add (0.6 in all, whatever T), half evenly over all tokens,
+    half on decisive tokens (one per 32 tokens on average, at random positions).
   * outcome reward R = 1 if x_T > 0 else 0, at the last token; true value V*_t = P(R = 1 | x_t) =
     Phi(x_t / sqrt(S_t)), S_t the variance still to come after token t.
-  * critic values V_t = V*_t + noise in three equal-variance parts: a per-response offset (the critic misjudges
-    the whole problem), a slow drift (AR(1), 64-token correlation length) and per-token jitter; total std 0.2
-    ("trained") or 0.3 ("weak"). "smooth" is std 0.2 without jitter: its TD residuals follow the true value's
-    jumps at decisive tokens, where groups grow long and the cap matters. The critics' explained variances
-    and what they compare with: docs/benchmarks.md.
+  * critic values V_t = V*_t + noise in three equal-variance parts: a per-response offset, a slow drift (AR(1),
+    64-token correlation length) and per-token jitter; total std 0.2 ("trained") or 0.3 ("weak"). "smooth" is
+    std 0.2 without jitter: its TD residuals follow the true value's jumps at decisive tokens, where groups grow
+    long and the cap matters. Their explained variances: docs/benchmarks.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
-from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Callable
+from collections import namedtuple
+from typing import Callable, NamedTuple
 
 import numpy as np
 import torch
 from benchlib import time_round_robin, write_json
 
-if TYPE_CHECKING:
-    from verl_group_ppo.core_algos import GroupPPOOutputs
+from verl_group_ppo.config import read_algorithm_settings
+from verl_group_ppo.core_algos import GroupPPOOutputs, compute_group_ppo_outputs
 
 RESPONSES_PER_PROMPT = 8
 PROMPT_STD = 0.8  # spread of the latent score between prompts (difficulty)
@@ -50,8 +49,7 @@ DRIFT_LENGTH = 64.0  # correlation length of the critic's slow drift, in tokens
 CRITICS = {"trained": (0.2, True), "weak": (0.3, True), "smooth": (0.2, False)}
 
 
-@dataclass(frozen=True)
-class Setting:
+class Setting(NamedTuple):
     """One grouping setting: the cap on group size (None: the response length) and a fixed tau."""
 
     group_max_size: int | None
@@ -71,22 +69,9 @@ SETTINGS = (Setting(16, 1.0), Setting(16, 10.0), Setting(32, 10.0), Setting(64, 
             Setting(None, 100.0), Setting(None, 1000.0))
 
 
-@dataclass(frozen=True)
-class Row:
-    """One line of the result table."""
-
-    length: int
-    responses: int
-    critic: str
-    setting: str
-    groups_per_response: float
-    mean_group_size: float
-    capped_share: float
-    boundary_ev: float
-    seconds: float
-    cpu_seconds: float
-    gae_seconds: float
-    gae_cpu_seconds: float
+#: one line of the result table (and one record of ``--json``); times are per batch, NaN when not timed
+Row = namedtuple("Row", "length responses critic setting groups_per_response mean_group_size capped_share "
+                        "boundary_ev seconds cpu_seconds gae_seconds gae_cpu_seconds")
 
 
 def true_values(batch: int, length: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -139,9 +124,6 @@ def measure_length(length: int, critic: str, args: argparse.Namespace) -> list[R
     """Every setting at one response length and one critic."""
     from verl.trainer.ppo.core_algos import compute_gae_advantage_return
 
-    from verl_group_ppo.config import read_algorithm_settings
-    from verl_group_ppo.core_algos import compute_group_ppo_outputs
-
     x = make_batch(length, args.batch_tokens, critic, seed=args.seed)
     calls: dict[str, Callable[[], object]] = {
         "gae": lambda: compute_gae_advantage_return(x["rewards"], x["values"], x["mask"], 1.0, 1.0)}
@@ -161,7 +143,7 @@ def measure_length(length: int, critic: str, args: argparse.Namespace) -> list[R
     return rows
 
 
-def capped_share(out: "GroupPPOOutputs", cap: int) -> float:
+def capped_share(out: GroupPPOOutputs, cap: int) -> float:
     """Share of groups whose size equals the cap (they stopped at ``group_max_size``, or hit it exactly);
     NaN when the cap is the whole response."""
     if cap >= out.critic_mask.shape[1]:
@@ -206,7 +188,7 @@ def main() -> None:
             rows.extend(measure_length(length, critic, args))
     print_table(rows)
     if args.json:
-        write_json(args.json, [asdict(r) for r in rows])
+        write_json(args.json, [r._asdict() for r in rows])
 
 
 if __name__ == "__main__":

@@ -4,14 +4,13 @@
     .venv/bin/python benchmarks/bench_multiturn.py                 # every run not yet done, then the report
     .venv/bin/python benchmarks/bench_multiturn.py --report        # the report of what is done
 
-A run is ``examples/cpu/common.sh`` with ``MULTI_TURN=1`` (as ``run_tiny_multiturn_<estimator>.sh``) for
-``--steps`` steps with ``data.seed=SEED``, on one warm start shared by all (``OUTPUT_DIR/task``, built by the
-first run; logs in ``OUTPUT_DIR/logs``). Arms (:data:`ARMS`): group_ppo (defaults), group_ppo_turn
-(``boundary_rule: turn``, one group per turn), gae (lam 1) and grpo; seeds 0-5 for group_ppo and gae, 0-2 for
-the others. Each finished run is kept as ``RESULTS_DIR/<arm>-seed<S>.json`` (its command and per-step metrics;
-the committed ones are the measurement docs/results.md reports) and skipped next time. The report prints, per
-arm, the mean training reward over the last 10 steps ("final") and over all steps ("area") with verl's turns
-per response, and the paired differences of :data:`PAIRS` with the rule's verdict.
+A run is ``examples/cpu/common.sh`` with ``MULTI_TURN=1`` (as ``run_tiny_multiturn_<estimator>.sh``) for ``--steps``
+steps with ``data.seed=SEED`` on one shared warm start (``OUTPUT_DIR/task``, built by the first run; logs in
+``OUTPUT_DIR/logs``), for each arm of :data:`ARMS` (group_ppo; group_ppo_turn: ``boundary_rule: turn``; gae, lam 1;
+grpo) and its seeds. A finished run is kept as ``RESULTS_DIR/<arm>-seed<S>.json`` (its command and per-step
+metrics; the committed ones are what docs/results.md reports) and skipped next time. The report: per arm the mean
+training reward over the last 10 steps ("final") and all steps ("area") with verl's turns per response, and the
+paired differences of :data:`PAIRS` with the rule's verdict.
 """
 
 from __future__ import annotations
@@ -65,8 +64,8 @@ def run_one(out_dir: str, run: Run, steps: int, python: str) -> dict[str, Any]:
     with the log's tail when the run fails."""
     estimator, extra, _ = ARMS[run.arm]
     name = f"{run.arm}-seed{run.seed}"
-    done = run_launcher(estimator, steps, [f"data.seed={run.seed}", f"trainer.experiment_name=multiturn_{run.arm}_seed"
-                                           f"{run.seed}", *extra],
+    overrides = [f"data.seed={run.seed}", f"trainer.experiment_name=multiturn_{run.arm}_seed{run.seed}", *extra]
+    done = run_launcher(estimator, steps, overrides,
                         env={"MULTI_TURN": "1", "WORK_DIR": os.path.join(out_dir, "task"), "PYTHON": python},
                         log_path=os.path.join(out_dir, "logs", f"{name}.log"),
                         checkpoint_dir=os.path.join(out_dir, "checkpoints", name))

@@ -1,14 +1,12 @@
 """Which value-pretraining settings give the demo's critic the highest held-out explained variance.
 
-Every setting pretrains a fresh critic (backbone from the warm start, value head at zero) for ``--steps``
-critic-only steps on the same pool of the warm-start policy's samples (sampled once, reused by every setting),
-and measures its explained variance on the same held-out responses (:mod:`verl_group_ppo.demo.pretrain`)::
-
     .venv/bin/python benchmarks/bench_value_pretraining.py --setup-dir runs/critic-regimes/setup --steps 100
 
-The warm start is the demo's default one, cached under ``--setup-dir`` (trained there when missing). The
-settings are the demo's recipe (lr 1e-3, 1 epoch, value clip 0.5, Monte Carlo targets) and one change at a
-time from it (``SETTINGS``), then any combinations given with ``--combine``.
+Every setting pretrains a fresh critic (backbone from the warm start, value head at zero) for ``--steps``
+critic-only steps on one pool of the warm-start policy's samples and measures its explained variance on the same
+held-out responses (:mod:`verl_group_ppo.demo.pretrain`). The warm start is the demo's default one, cached under
+``--setup-dir`` (trained there when missing). The settings: the demo's recipe (lr 1e-3, 1 epoch, value clip 0.5,
+Monte Carlo targets), one change at a time from it (:data:`SETTINGS`), and the ``--combine`` combinations.
 """
 
 from __future__ import annotations
@@ -19,7 +17,7 @@ import itertools
 import os
 import time
 
-from benchlib import REPO, write_json
+from benchlib import REPO, timed, write_json
 
 #: the demo's RL critic recipe as pretraining settings, and one change at a time from it
 RECIPE = {"critic_pretrain_lr": 1e-3, "critic_pretrain_epochs": 1, "critic_pretrain_clip": 0.5,
@@ -107,13 +105,12 @@ def main(argv: list[str] | None = None) -> int:
     for name, change in runs.items():
         pc = PretrainConfig(critic_pretrain_steps=args.steps, critic_pretrain_eval_every=args.eval_every,
                             **{**RECIPE, **change})
-        t0 = time.time()
-        history = pretrain_critic(build_critic(policy, 0).train(), iter(pool), held, pc, CriticRecipe.of_run(cfg),
-                                  log=lambda m: None)
-        results[name] = {"settings": dataclasses.asdict(pc), "history": history, "seconds": time.time() - t0}
+        history, seconds = timed(lambda: pretrain_critic(build_critic(policy, 0).train(), iter(pool), held, pc,
+                                                         CriticRecipe.of_run(cfg), log=lambda m: None))
+        results[name] = {"settings": dataclasses.asdict(pc), "history": history, "seconds": seconds}
         curve = " ".join(f"{h['heldout_explained_variance']:.3f}" for h in history)
-        print(f"[value pretraining] {name:>28s}: held-out explained variance by step {curve} "
-              f"({time.time() - t0:.0f}s)", flush=True)
+        print(f"[value pretraining] {name:>28s}: held-out explained variance by step {curve} ({seconds:.0f}s)",
+              flush=True)
     write_json(args.output or os.path.join(args.setup_dir, "value_pretraining.json"), results)
     return 0
 

@@ -20,7 +20,6 @@ import sys
 import tempfile
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Optional, Sequence, Union
 
@@ -88,8 +87,7 @@ class LauncherError(RuntimeError):
     """A launcher run that failed or logged other steps than asked for (the message ends with its output)."""
 
 
-@dataclass(frozen=True)
-class LauncherRun:
+class LauncherRun(NamedTuple):
     """A finished launcher run: its command (paths relative to the repository), wall seconds, and verl's metrics
     per step, ``{step: {metric: value}}``."""
 
@@ -141,8 +139,7 @@ def plan(runs: Iterable[Run], arm_order: Sequence[str], condition_order: Sequenc
     return sorted(runs, key=lambda r: (r.seed, list(condition_order).index(r.condition), list(arm_order).index(r.arm)))
 
 
-@dataclass(frozen=True)
-class Sweep:
+class Sweep(NamedTuple):
     """A resumable sweep: the planned ``runs``, each finished one kept as the JSON record
     ``results_dir/[condition/]<arm>-seed<seed>.json``, written when it ends (an interrupted run has none).
     ``accept(record)``, where given, tells a record of this sweep's setting from another (e.g. the step count)."""
