@@ -78,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--combine", action="append", default=[], help="a combination, e.g. 'lr 3e-3+4 epochs'")
     p.add_argument("--output", default=None, help="JSON of every curve (default: SETUP_DIR/value_pretraining.json)")
     args = p.parse_args(argv)
+    runs = {name: parse_combination(name) for name in [*args.settings.split(","), *args.combine] if name}
 
     import torch
 
@@ -100,7 +101,6 @@ def main(argv: list[str] | None = None) -> int:
     problems = [p for p in setup.evals[:cfg.eval_size] for _ in range(cfg.eval_samples)]
     print(f"[value pretraining] held-out success rate {float(held.rewards.sum(-1).mean()):.3f}; consistency "
           f"oracle explained variance {consistency_oracle_ev(held, problems, setup.task, tok):.3f}", flush=True)
-    runs = {name: parse_combination(name) for name in [*args.settings.split(","), *args.combine] if name}
     results = {}
     for name, change in runs.items():
         pc = PretrainConfig(critic_pretrain_steps=args.steps, critic_pretrain_eval_every=args.eval_every,

@@ -113,6 +113,7 @@ def test_round_robin_timing_calls_each_once_to_warm_up_then_per_repeat():
     assert all(wall >= 0 and cpu >= 0 for wall, cpu in times.values())
     _, untimed = lib.time_round_robin({"a": lambda: call("a")}, 0)
     assert all(math.isnan(x) for x in untimed["a"])
+    assert lib.timed(lambda: call("b"))[0] == 5 and calls["b"] == 5  # one call, its result passed through
 
 
 def test_run_launcher_checks_exit_code_and_steps_and_records_relative_paths(tmp_path, monkeypatch):
@@ -195,6 +196,15 @@ def test_tiny_learning_needs_a_prepared_work_dir(tmp_path):
     bench = _load("bench_cpu_tiny_learning")
     with pytest.raises(SystemExit, match="prepare.json is missing; run python -m verl_group_ppo.tinytask.prepare"):
         bench.main(["--work-dir", str(tmp_path)])
+
+
+def test_value_pretraining_rejects_unknown_settings_before_loading_anything(tmp_path):
+    bench = _load("bench_value_pretraining")
+    assert bench.parse_combination("lr 3e-3+4 epochs") == {"critic_pretrain_lr": 3e-3, "critic_pretrain_epochs": 4}
+    for argv in (["--settings", "recipe,bogus"], ["--combine", "lr 3e-3+bogus"]):
+        with pytest.raises(SystemExit, match="unknown setting 'bogus'"):
+            bench.main(["--setup-dir", str(tmp_path / "setup"), *argv])
+    assert not (tmp_path / "setup").exists()
 
 
 # ------------------------------------------------------------------------------------------ bench_edge_vs_length
