@@ -191,14 +191,22 @@ def test_reachable_follows_imports_transitively():
 
 
 @pytest.mark.parametrize("package,forbidden", [
-    ("verl_group_ppo.cpu", ("verl_group_ppo.demo", "verl_group_ppo.tinytask")),  # the CPU backend is verl's only
-    ("verl_group_ppo.tinytask", ("verl_group_ppo.demo", "verl_group_ppo.cpu")),  # the task stands alone
+    ("verl_group_ppo.cpu", ("verl_group_ppo.demo", "verl_group_ppo.tinytask", "verl_group_ppo.smollm2")),  # verl's only
+    ("verl_group_ppo.tinytask", ("verl_group_ppo.demo", "verl_group_ppo.cpu", "verl_group_ppo.smollm2")),  # alone
+    ("verl_group_ppo.smollm2", ("verl_group_ppo.demo", "verl_group_ppo.tinytask", "verl_group_ppo.integration")),
 ])
 def test_package_reaches_none_of_the_forbidden_ones(package, forbidden):
     graph = _import_graph()
     for name in (m for m in graph if _in_package(m, package)):
         bad = {m for m in _reachable(graph, name) if any(_in_package(m, f) for f in forbidden)}
         assert not bad, f"{name} imports {sorted(bad)}"
+
+
+def test_the_real_model_task_uses_only_the_hf_samplers_module_of_the_cpu_backend():
+    # prepare measures the model as the hf rollout samples; nothing else of the backend
+    graph = _import_graph()
+    reached = {m for name in graph if _in_package(name, "verl_group_ppo.smollm2") for m in _reachable(graph, name)}
+    assert {m for m in reached if _in_package(m, "verl_group_ppo.cpu")} == {"verl_group_ppo.cpu.generation"}
 
 
 def test_demo_package_imports_no_submodule_at_import_time():
