@@ -14,6 +14,10 @@
 #                                          hf rollout; the backend sets what vLLM needs on a CPU, docs/cpu.md)
 #
 # Environment:
+#   TASK      tiny (default): the tiny task (a 0.56M-parameter model built by tinytask.prepare); smollm2: the
+#             real-model task, SmolLM2-135M-Instruct (4-bit GGUF weights converted once) on DeepMind's
+#             mathematics questions (`python -m verl_group_ppo.smollm2.prepare` builds WORK_DIR, default
+#             runs/cpu-smollm2; the settings it changes are under "The real-model task" below; docs/smollm2.md)
 #   MULTI_TURN  1: the tiny tool task through verl's tool agent loop (multi_turn.enable, the `tool_agent`
 #             loop, the `add` function tool and the `tinycalc` call format; responses of up to 96 tokens,
 #             tool replies masked); default 0: the single-turn tiny task
@@ -97,10 +101,11 @@ case "$estimator" in
 esac
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+TASK=${TASK:-tiny}
 MULTI_TURN=${MULTI_TURN:-0}
-case "$MULTI_TURN" in
-  0) WORK_DIR=${WORK_DIR:-$repo/runs/cpu-tiny}; response_length=24; prepare_args=() ;;
-  1) if [ "$(override_value actor_rollout_ref.rollout.name)" = vllm ]; then
+case "$TASK:$MULTI_TURN" in
+  tiny:0) WORK_DIR=${WORK_DIR:-$repo/runs/cpu-tiny}; response_length=24; prepare_args=() ;;
+  tiny:1) if [ "$(override_value actor_rollout_ref.rollout.name)" = vllm ]; then
        # vLLM's CPU attention serves heads of 32 dimensions and up; the tool task's tiny model has 16
        WORK_DIR=${WORK_DIR:-$repo/runs/cpu-tiny-tools-small}; prepare_args=(--tools --model-size small)
        echo "[launcher] rollout.name=vllm with MULTI_TURN=1: the tool task on the small model (WORK_DIR=$WORK_DIR)"
@@ -108,7 +113,10 @@ case "$MULTI_TURN" in
        WORK_DIR=${WORK_DIR:-$repo/runs/cpu-tiny-tools}; prepare_args=(--tools)
      fi
      response_length=96 ;;
-  *) echo "common.sh: MULTI_TURN='$MULTI_TURN' must be 0 or 1" >&2; exit 2 ;;
+  smollm2:0) WORK_DIR=${WORK_DIR:-$repo/runs/cpu-smollm2}; response_length=16; prepare_args=() ;;
+  smollm2:*) echo "common.sh: TASK=smollm2 is single-turn (MULTI_TURN=0)" >&2; exit 2 ;;
+  tiny:*) echo "common.sh: MULTI_TURN='$MULTI_TURN' must be 0 or 1" >&2; exit 2 ;;
+  *) echo "common.sh: TASK='$TASK' must be tiny or smollm2" >&2; exit 2 ;;
 esac
 mkdir -p "$WORK_DIR"
 WORK_DIR=$(cd "$WORK_DIR" && pwd)
@@ -121,7 +129,10 @@ if [ -z "${PYTHON:-}" ]; then
   if [ -x "$repo/.venv/bin/python" ]; then PYTHON=$repo/.venv/bin/python; else PYTHON=python3; fi
 fi
 
-if [ ! -f "$WORK_DIR/model/prepare.json" ]; then
+if [ "$TASK" = smollm2 ]; then
+  [ -f "$WORK_DIR/data/prepare.json" ] || "$PYTHON" -m verl_group_ppo.smollm2.prepare --output-dir "$WORK_DIR" \
+    --response-length "$response_length"
+elif [ ! -f "$WORK_DIR/model/prepare.json" ]; then
   "$PYTHON" -m verl_group_ppo.tinytask.prepare --output-dir "$WORK_DIR" ${prepare_args[@]+"${prepare_args[@]}"}
 fi
 
@@ -246,7 +257,29 @@ shared=(
   transfer_queue.backend.SimpleStorage.num_data_storage_units=1
 )
 
+# The real-model task (TASK=smollm2): what differs from the settings above. Both models are SmolLM2-135M-Instruct
+# (the critic's value head is new); the reward is exact match of the final answer; verl validates greedily on the
+# test split before training and after the last step (val-core/*).
+task_settings=()
+if [ "$TASK" = smollm2 ]; then
+  sm_batch=8
+  task_settings=(
+    data.train_batch_size=$sm_batch
+    data.val_batch_size=128
+    data.max_prompt_length=96
+    reward.custom_reward_function.path=pkg://verl_group_ppo.smollm2.reward
+    actor_rollout_ref.actor.optim.lr=1e-6
+    actor_rollout_ref.actor.ppo_mini_batch_size=$sm_batch
+    critic.optim.lr=1e-5
+    critic.ppo_mini_batch_size=$sm_batch
+    trainer.val_before_train=True
+    trainer.test_freq=$steps
+    trainer.project_name=verl_group_ppo_cpu_smollm2
+    trainer.experiment_name="smollm2_$estimator"
+  )
+fi
+
 cd "$WORK_DIR"
 set -x
-exec nice -n "${NICE:-5}" "$PYTHON" -m verl.trainer.main_ppo "${shared[@]}" "${sampler[@]}" "${bypass[@]}" \
-  "${specific[@]}" ${multi_turn[@]+"${multi_turn[@]}"} "$@"
+exec nice -n "${NICE:-5}" "$PYTHON" -m verl.trainer.main_ppo "${shared[@]}" ${task_settings[@]+"${task_settings[@]}"} \
+  "${sampler[@]}" "${bypass[@]}" "${specific[@]}" ${multi_turn[@]+"${multi_turn[@]}"} "$@"

@@ -27,12 +27,13 @@ import time
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Callable, Sequence
 
-from .task import MathTask
+from .task import DEFAULT_PROMPT, MathTask
 
 FORMAT_VERSION = 1
 KEY_FILE = "prepare.json"
-#: the modules the task-choice rule picked (docs/smollm2.md, "How the task was chosen")
-DEFAULT_MODULES = "comparison.pair"
+#: the modules and reply length the task-choice rule picked (docs/smollm2.md, "How the task was chosen")
+DEFAULT_MODULES = "comparison.pair,numbers.is_factor,numbers.is_prime"
+DEFAULT_RESPONSE_LENGTH = 16
 
 
 @dataclass(frozen=True)
@@ -41,11 +42,11 @@ class PrepareSettings:
 
     modules: str = DEFAULT_MODULES  # comma-separated module names (verl_group_ppo.smollm2.questions.MODULES)
     difficulty: str = "train-easy"  # the third of each module's entropy range the questions come from
-    prompt: str = "short"  # how a question is asked (verl_group_ppo.smollm2.task.PROMPTS)
+    prompt: str = DEFAULT_PROMPT  # how a question is asked (verl_group_ppo.smollm2.task.PROMPTS)
     n_train: int = 4000  # training questions drawn (fewer after removing any that are test questions)
     n_test: int = 128  # test questions (verl's validation set)
     seed: int = 0  # the test split's draws use it, the training split's seed + 1
-    response_length: int = 24  # the accuracy check's reply length in tokens (the launchers' max_response_length)
+    response_length: int = DEFAULT_RESPONSE_LENGTH  # the check's reply length (the launchers' max_response_length)
     check_samples: int = 2  # sampled replies per test question in the accuracy check
     min_sampled_accuracy: float = 0.10  # refuse a task the model samples fewer correct answers on
     max_sampled_accuracy: float = 0.60  # refuse a task the model samples more correct answers on

@@ -36,13 +36,17 @@ PROMPTS: dict[str, Callable[[str], list[dict[str, str]]]] = {
     "default": _default, "short": _short, "calculator": _calculator}
 
 
+#: the prompt the task-choice rule picked
+DEFAULT_PROMPT = "calculator"
+
+
 @dataclass(frozen=True)
 class MathTask:
     """A variant of the task: questions of ``modules`` at ``difficulty``, asked with ``prompt``."""
 
     modules: tuple[str, ...]
     difficulty: str = "train-easy"
-    prompt: str = "short"
+    prompt: str = DEFAULT_PROMPT
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "modules", check_modules(self.modules))
