@@ -124,7 +124,7 @@ def test_run_launcher_checks_exit_code_and_steps_and_records_relative_paths(tmp_
         seen.update(cmd=cmd, env=env)
         ckpt = Path(cmd[-1].split("=", 1)[1])
         ckpt.mkdir(parents=True, exist_ok=True)
-        out = "".join(f"step:{k} - critic/score/mean:0.{k} - timing_s/step:2.0\n" for k in range(1, seen["steps"] + 1))
+        out = "".join(f"step:{k} - critic/score/mean:0.{k} - timing_s/step:2.0\n" for k in range(seen.get("first", 1), seen["steps"] + 1))
         if stdout is not subprocess.PIPE:
             stdout.write(out)
         return subprocess.CompletedProcess(cmd, seen["rc"], out if stdout is subprocess.PIPE else None)
@@ -141,6 +141,9 @@ def test_run_launcher_checks_exit_code_and_steps_and_records_relative_paths(tmp_
     assert (tmp_path / "logs" / "x.log").read_text().startswith("step:1 - ")
     with pytest.raises(lib.LauncherError, match="2 of 3 steps logged"):
         lib.run_launcher("gae", 3)
+    seen.update(first=0)  # verl's validation before training logs step 0
+    assert sorted(lib.run_launcher("gae", 2).steps) == [0, 1, 2]
+    seen.update(first=1)
     seen.update(rc=1)
     with pytest.raises(lib.LauncherError, match="exit code 1"):
         lib.run_launcher("gae", 2)

@@ -265,7 +265,6 @@ if [ "$TASK" = smollm2 ]; then
   sm_batch=8
   task_settings=(
     data.train_batch_size=$sm_batch
-    data.val_batch_size=128
     data.max_prompt_length=96
     reward.custom_reward_function.path=pkg://verl_group_ppo.smollm2.reward
     actor_rollout_ref.actor.optim.lr=1e-6

@@ -1,0 +1,42 @@
+"""verl's ``main_ppo`` with the real model: ``examples/cpu/run_smollm2_group_ppo.sh`` for 2 steps.
+
+Marked ``real_model`` (and ``slow``): left out of ``pytest`` and of ``pytest -m "not slow"``, because its minutes
+would take the suite past 15; run it with ``pytest -m real_model`` (docs/smollm2.md). It builds the task in
+``SMOLLM2_WORK_DIR`` (default ``runs/cpu-smollm2``, kept between runs: the conversion and data are made once).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from verl_group_ppo.logs import parse_step_metrics
+
+REPO = Path(__file__).resolve().parents[1]
+VAL = "val-core/verl_group_ppo/smollm2_math/reward/mean@1"
+
+
+@pytest.mark.slow
+@pytest.mark.real_model
+def test_group_ppo_validates_the_pretrained_model_then_trains_actor_and_critic_two_steps(tmp_path):
+    work_dir = os.environ.get("SMOLLM2_WORK_DIR", str(REPO / "runs" / "cpu-smollm2"))
+    env = {**os.environ, "WORK_DIR": work_dir, "PYTHON": sys.executable}
+    proc = subprocess.run(["bash", str(REPO / "examples/cpu/run_smollm2_group_ppo.sh"), "trainer.total_training_steps=2",
+                           f"trainer.default_local_dir={tmp_path / 'checkpoints'}"],
+                          env=env, capture_output=True, text=True, timeout=3600)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-6000:]
+    steps = parse_step_metrics(output)
+    assert sorted(steps) == [0, 1, 2], sorted(steps)
+    # the pretrained weights answer some test questions before any training (random weights answer none)
+    assert steps[0][VAL] > 0.02, steps[0]
+    for step in (1, 2):
+        m = steps[step]
+        assert 0.0 <= m["critic/score/mean"] <= 1.0 and m["group/num_groups"] >= 32, m
+        assert all(k in m for k in ("critic/vf_loss", "actor/pg_loss", "critic/vf_explained_var")), sorted(m)
+    assert VAL in steps[2]  # verl validates again after the last step
+    assert (tmp_path / "checkpoints" / "global_step_2").is_dir()
