@@ -7,7 +7,8 @@ Every configuration runs ``examples/cpu/run_smollm2_group_ppo.sh`` (verl's ``mai
 ``--steps`` steps on a prepared ``--work-dir``, with no validation before training and verl's validation of the test
 split after the last step. A configuration is the baseline (:data:`BASE`) with one lever changed (:data:`CONFIGS`):
 threads per process, remove-padding, the rollout (the backend's ``hf`` or verl's vLLM, fp32 or bf16), trainer
-ranks, prompts per step, response length. ``base`` runs first and again last (``base_again``): the two bound the
+ranks, prompts per step, response length, prompt length; then the winners together (``chosen``, with the ``hf``
+rollout ``chosen_hf``). ``base`` runs first and again last (``base_again``): the two bound the
 machine's drift over the sweep. Each finished configuration is kept as one JSON record under
 benchmarks/results/smollm2_speed/ (resumable); the report gives, per configuration, verl's ``timing_s/*`` means over
 the steps after the first, seconds per response, the validation's seconds per test prompt, the start-up, and the
@@ -39,6 +40,7 @@ class Levers:
     ranks: int = 1  # trainer ranks (N_RANKS)
     prompts: int = 8  # prompts per step (x 4 responses)
     response_length: int = 24  # data.max_response_length
+    prompt_length: int = 96  # data.max_prompt_length: verl pads every prompt to it (the task's longest is 46 tokens)
 
     def env(self) -> dict[str, str]:
         return {"OMP_NUM_THREADS": str(self.threads), "MKL_NUM_THREADS": str(self.threads), "N_RANKS": str(self.ranks)}
@@ -46,6 +48,7 @@ class Levers:
     def overrides(self) -> list[str]:
         responses_per_rank = 4 * self.prompts // self.ranks
         return [f"data.train_batch_size={self.prompts}", f"data.max_response_length={self.response_length}",
+                f"data.max_prompt_length={self.prompt_length}",
                 f"actor_rollout_ref.actor.ppo_mini_batch_size={self.prompts}", f"critic.ppo_mini_batch_size={self.prompts}",
                 f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={responses_per_rank}",
                 f"critic.ppo_micro_batch_size_per_gpu={responses_per_rank}",
@@ -66,7 +69,11 @@ CONFIGS: dict[str, Levers] = {
     "prompts16": replace(BASE, prompts=16),
     "response16": replace(BASE, response_length=16),
     "response32": replace(BASE, response_length=32),
+    "prompt48": replace(BASE, prompt_length=48),
     "base_again": BASE,
+    # the levers that paid, together: the launcher's settings
+    "chosen": replace(BASE, threads=2, rollout="vllm", prompt_length=48, response_length=16),
+    "chosen_hf": replace(BASE, threads=2, prompt_length=48, response_length=16),
 }
 
 
@@ -78,7 +85,7 @@ def run_config(name: str, levers: Levers, steps: int, work_dir: str) -> dict:
                  f"trainer.experiment_name=speed_{name}"]
     record = {"config": name, "levers": asdict(levers)}
     try:
-        run = run_launcher("group_ppo", steps, overrides, log_path=log,
+        run = run_launcher("group_ppo", steps, overrides, log_path=log, checkpoint_dir=str(log.parent / "checkpoints"),
                            env={"TASK": "smollm2", "WORK_DIR": work_dir, **levers.env()})
     except LauncherError as error:  # kept as a failed configuration: the sweep goes on
         return {**record, "failed": str(error).splitlines()[0], "log": portable(str(log))}

@@ -113,6 +113,21 @@ def test_split_is_disjoint_reproducible_and_takes_the_modules_in_turn():
     assert questions.draw(modules, "train-easy", 20, seed=4) != questions.draw(modules, "train-easy", 20, seed=3)
 
 
+def test_draws_do_not_depend_on_the_generators_state_before_them():
+    # a new process starts each generator the dataset uses (Python's, NumPy's, sympy's) in another state
+    import random
+
+    import numpy as np
+    import sympy.core.random
+
+    modules = ("numbers.is_prime", "comparison.pair")
+    first = questions.draw(modules, "train-easy", 20, seed=5)
+    random.seed(1)
+    np.random.seed(2)
+    sympy.core.random.seed(3)
+    assert questions.draw(modules, "train-easy", 20, seed=5) == first
+
+
 def test_harder_difficulties_draw_bigger_numbers():
     def mean_size(difficulty):
         qs = questions.draw(["arithmetic.add_or_sub"], difficulty, 200, seed=0)
@@ -200,8 +215,9 @@ def tiny_prepare(tiny_gguf, monkeypatch):
 def test_prepare_writes_the_rows_once_and_rebuilds_the_data_only_when_a_setting_changes(tiny_prepare, tmp_path):
     import pandas as pd
 
+    # the tiny GGUF's tokenizer spends a token per byte: prompts of about 130 tokens
     settings = prep.PrepareSettings(modules="comparison.pair,numbers.gcd", n_train=40, n_test=8, response_length=4,
-                                    min_sampled_accuracy=0.0)
+                                    max_prompt_length=256, min_sampled_accuracy=0.0)
     info = prep.prepare(str(tmp_path), settings, log=lambda m: None)
     assert tiny_prepare == [str(tmp_path / "model")]
     test = pd.read_parquet(tmp_path / "data" / "test.parquet")
@@ -209,6 +225,7 @@ def test_prepare_writes_the_rows_once_and_rebuilds_the_data_only_when_a_setting_
     assert len(test) == 8 and set(test["data_source"]) == {DATA_SOURCE}
     assert not set(test["extra_info"].map(lambda e: e["question"])) & set(train["extra_info"].map(lambda e: e["question"]))
     assert info["test_accuracy"]["sampled"]["replies"] == 16 and 0.0 <= info["test_accuracy"]["greedy"]["correct"] <= 1
+    assert 10 < info["longest_prompt"] <= settings.max_prompt_length
     assert json.loads((tmp_path / "data" / prep.KEY_FILE).read_text())["settings"]["n_test"] == 8
     assert prep.is_prepared(str(tmp_path), settings)
     prep.prepare(str(tmp_path), settings, log=lambda m: None)
@@ -220,10 +237,17 @@ def test_prepare_writes_the_rows_once_and_rebuilds_the_data_only_when_a_setting_
 
 
 def test_prepare_stops_when_the_sampled_accuracy_is_outside_the_band(tiny_prepare, tmp_path):
-    settings = prep.PrepareSettings(n_train=8, n_test=4, response_length=2, min_sampled_accuracy=0.5)
+    settings = prep.PrepareSettings(n_train=8, n_test=4, response_length=2, max_prompt_length=256,
+                                    min_sampled_accuracy=0.5)
     with pytest.raises(RuntimeError, match=r"outside \[--min-sampled-accuracy 0.5, --max-sampled-accuracy 0.6\]"):
         prep.prepare(str(tmp_path), settings, log=lambda m: None)
     assert not (tmp_path / "data" / prep.KEY_FILE).exists()
+
+
+def test_prepare_refuses_prompts_longer_than_the_launchers_prompt_length(tiny_prepare, tmp_path):
+    settings = prep.PrepareSettings(n_train=8, n_test=4, max_prompt_length=12, min_sampled_accuracy=0.0)
+    with pytest.raises(ValueError, match=r"--max-prompt-length: a prompt of the task has \d+ tokens, more than 12"):
+        prep.prepare(str(tmp_path), settings, log=lambda m: None)
 
 
 @pytest.mark.parametrize("kwargs, name", [({"n_test": 0}, "n_test"), ({"min_sampled_accuracy": 0.7}, "min_sampled"),

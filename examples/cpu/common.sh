@@ -113,7 +113,7 @@ case "$TASK:$MULTI_TURN" in
        WORK_DIR=${WORK_DIR:-$repo/runs/cpu-tiny-tools}; prepare_args=(--tools)
      fi
      response_length=96 ;;
-  smollm2:0) WORK_DIR=${WORK_DIR:-$repo/runs/cpu-smollm2}; response_length=16; prepare_args=() ;;
+  smollm2:0) WORK_DIR=${WORK_DIR:-$repo/runs/cpu-smollm2}; response_length=16; prompt_length=48; prepare_args=() ;;
   smollm2:*) echo "common.sh: TASK=smollm2 is single-turn (MULTI_TURN=0)" >&2; exit 2 ;;
   tiny:*) echo "common.sh: MULTI_TURN='$MULTI_TURN' must be 0 or 1" >&2; exit 2 ;;
   *) echo "common.sh: TASK='$TASK' must be tiny or smollm2" >&2; exit 2 ;;
@@ -130,8 +130,9 @@ if [ -z "${PYTHON:-}" ]; then
 fi
 
 if [ "$TASK" = smollm2 ]; then
-  [ -f "$WORK_DIR/data/prepare.json" ] || "$PYTHON" -m verl_group_ppo.smollm2.prepare --output-dir "$WORK_DIR" \
-    --response-length "$response_length"
+  # every time: it does nothing (in seconds) when WORK_DIR already holds the task for these settings
+  "$PYTHON" -m verl_group_ppo.smollm2.prepare --output-dir "$WORK_DIR" --response-length "$response_length" \
+    --max-prompt-length "$prompt_length"
 elif [ ! -f "$WORK_DIR/model/prepare.json" ]; then
   "$PYTHON" -m verl_group_ppo.tinytask.prepare --output-dir "$WORK_DIR" ${prepare_args[@]+"${prepare_args[@]}"}
 fi
@@ -265,7 +266,7 @@ if [ "$TASK" = smollm2 ]; then
   sm_batch=8
   task_settings=(
     data.train_batch_size=$sm_batch
-    data.max_prompt_length=96
+    data.max_prompt_length=$prompt_length
     reward.custom_reward_function.path=pkg://verl_group_ppo.smollm2.reward
     actor_rollout_ref.actor.optim.lr=1e-6
     actor_rollout_ref.actor.ppo_mini_batch_size=$sm_batch

@@ -47,12 +47,13 @@ class PrepareSettings:
     n_test: int = 128  # test questions (verl's validation set)
     seed: int = 0  # the test split's draws use it, the training split's seed + 1
     response_length: int = DEFAULT_RESPONSE_LENGTH  # the check's reply length (the launchers' max_response_length)
+    max_prompt_length: int = 48  # refuse questions whose prompt is longer in tokens (the launchers' max_prompt_length)
     check_samples: int = 2  # sampled replies per test question in the accuracy check
     min_sampled_accuracy: float = 0.10  # refuse a task the model samples fewer correct answers on
     max_sampled_accuracy: float = 0.60  # refuse a task the model samples more correct answers on
 
     def __post_init__(self) -> None:
-        for name in ("n_train", "n_test", "response_length", "check_samples"):
+        for name in ("n_train", "n_test", "response_length", "max_prompt_length", "check_samples"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
         if not 0.0 <= self.min_sampled_accuracy <= self.max_sampled_accuracy <= 1.0:
@@ -101,6 +102,21 @@ def measure_accuracy(model_dir: str, task: MathTask, test, settings: PrepareSett
     return {"greedy": run(True), "sampled": run(False)}
 
 
+def check_prompt_lengths(model_dir: str, task: MathTask, questions, settings: PrepareSettings) -> int:
+    """The longest chat-templated prompt of ``questions`` in tokens; ValueError naming ``--max-prompt-length`` when
+    it is longer (verl pads every prompt to ``data.max_prompt_length`` and stops on a longer one)."""
+    from transformers import AutoTokenizer
+
+    from .evaluation import prompt_ids
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    longest = max(len(prompt_ids(tokenizer, task.messages(q.question))) for q in questions)
+    if longest > settings.max_prompt_length:
+        raise ValueError(f"--max-prompt-length: a prompt of the task has {longest} tokens, more than "
+                         f"{settings.max_prompt_length}; raise it (and data.max_prompt_length of the run to match)")
+    return longest
+
+
 def check_accuracy(accuracy: dict[str, dict], settings: PrepareSettings) -> None:
     """RuntimeError naming the flags to change when the sampled accuracy is outside the band."""
     sampled = accuracy["sampled"]["correct"]
@@ -125,8 +141,10 @@ def prepare(output_dir: str, settings: PrepareSettings = PrepareSettings(), log:
     if force or not os.path.exists(os.path.join(model_dir, "config.json")):
         checkpoint.convert(model_dir, log=log)
     train, test = task.split(settings.n_train, settings.n_test, settings.seed)
+    longest = check_prompt_lengths(model_dir, task, train + test, settings)
     log(f"[prepare] {len(train)} train / {len(test)} test questions from {', '.join(task.modules)} "
-        f"({settings.difficulty}, prompt {settings.prompt!r}); measuring the model on the test split")
+        f"({settings.difficulty}, prompt {settings.prompt!r}, at most {longest} prompt tokens); measuring the model "
+        "on the test split")
     accuracy = measure_accuracy(model_dir, task, test, settings)
     log(f"[prepare] SmolLM2-135M-Instruct (4-bit weights) on the test split, replies of at most "
         f"{settings.response_length} tokens: greedy {accuracy['greedy']['correct']:.3f}, sampled "
@@ -134,7 +152,8 @@ def prepare(output_dir: str, settings: PrepareSettings = PrepareSettings(), log:
         f"{accuracy['sampled']['finished']:.2f})")
     check_accuracy(accuracy, settings)
     info = {"format_version": FORMAT_VERSION, "settings": asdict(settings), "test_accuracy": accuracy,
-            "n_train": len(train), "n_test": len(test), "seconds": round(time.time() - start, 1)}
+            "n_train": len(train), "n_test": len(test), "longest_prompt": longest,
+            "seconds": round(time.time() - start, 1)}
     write_data(task, train, test, data_dir)
     with open(os.path.join(data_dir, KEY_FILE), "w") as f:
         json.dump(info, f, indent=2)

@@ -2,8 +2,9 @@
 
 A module is named ``area.module`` (``comparison.pair``, ``arithmetic.mixed``, ...) and draws its questions within
 an entropy range; ``train-easy`` is the first third of that range, ``train-medium`` the second, ``train-hard`` the
-last, as the dataset's own generator splits it. Draws are made with Python's and NumPy's global generators seeded
-per split, so a (modules, difficulty, seed, count) tuple always gives the same questions. Questions longer than the
+last, as the dataset's own generator splits it. Draws are made with the three generators the dataset uses, Python's,
+NumPy's and sympy's own (``numbers.is_prime`` draws primes with ``sympy.randprime``), all seeded per draw, so a
+(modules, difficulty, seed, count) tuple gives the same questions in every process. Questions longer than the
 dataset's own limits (160 characters, answers of 30) are dropped and redrawn, as its generator does.
 
 Only modules whose answers :mod:`verl_group_ppo.smollm2.answers` reads (a number, True/False or an option letter)
@@ -70,12 +71,14 @@ def generators(modules: Sequence[str], difficulty: str) -> dict[str, object]:
 def draw(modules: Sequence[str], difficulty: str, count: int, seed: int) -> list[Question]:
     """``count`` questions, taking the modules in turn (module i gets question i, i + len(modules), ...)."""
     import numpy as np
+    import sympy.core.random
 
     if count < 0:
         raise ValueError(f"count: must be >= 0, got {count}")
     makers = generators(modules, difficulty)
     random.seed(seed)
     np.random.seed(seed)
+    sympy.core.random.seed(seed)
     names = list(makers)
     return [_draw_one(names[i % len(names)], makers[names[i % len(names)]]) for i in range(count)]
 
