@@ -126,7 +126,11 @@ def report() -> str:
                  if (p, m) in records else "- | -" for p in prompts]
         lines.append(f"| {m} | " + " | ".join(cells) + " |")
     prompt, chosen, band = choose(records, lengths)
-    lines += ["", f"prompt tokens: " + ", ".join(f"{p} {lengths[p]}" for p in prompts),
+    from statistics import mean
+
+    means = {p: mean(r["sampled"]["correct"] for (q, _), r in records.items() if q == p) for p in prompts}
+    lines += ["", "prompt tokens: " + ", ".join(f"{p} {lengths[p]}" for p in prompts),
+              "mean sampled accuracy over the modules: " + ", ".join(f"{p} {means[p]:.3f}" for p in prompts),
               f"chosen prompt: {prompt}; modules with sampled accuracy in {list(band)}: {', '.join(chosen)}"]
     by_length = {}
     for length in LENGTHS:

@@ -29,7 +29,7 @@ from typing import Any, Callable, Sequence
 
 from .task import DEFAULT_PROMPT, MathTask
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 KEY_FILE = "prepare.json"
 #: the modules and reply length the task-choice rule picked (docs/smollm2.md, "How the task was chosen")
 DEFAULT_MODULES = "comparison.pair,numbers.is_factor,numbers.is_prime"
