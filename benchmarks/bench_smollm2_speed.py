@@ -7,8 +7,7 @@ Every configuration runs ``examples/cpu/run_smollm2_group_ppo.sh`` (verl's ``mai
 ``--steps`` steps on a prepared ``--work-dir``, with no validation before training and verl's validation of the test
 split after the last step. A configuration is the baseline (:data:`BASE`) with one lever changed (:data:`CONFIGS`):
 threads per process, remove-padding, the rollout (the backend's ``hf`` or verl's vLLM, fp32 or bf16), trainer
-ranks, prompts per step, response length, prompt length; then the winners together (``chosen``, with the ``hf``
-rollout ``chosen_hf``). ``base`` runs first and again last (``base_again``): the two bound the
+ranks, prompts per step, response length. ``base`` runs first and again last (``base_again``): the two bound the
 machine's drift over the sweep. Each finished configuration is kept as one JSON record under
 benchmarks/results/smollm2_speed/ (resumable); the report gives, per configuration, verl's ``timing_s/*`` means over
 the steps after the first, seconds per response, the validation's seconds per test prompt, the start-up, and the
@@ -69,11 +68,7 @@ CONFIGS: dict[str, Levers] = {
     "prompts16": replace(BASE, prompts=16),
     "response16": replace(BASE, response_length=16),
     "response32": replace(BASE, response_length=32),
-    "prompt48": replace(BASE, prompt_length=48),
     "base_again": BASE,
-    # the levers that paid, together: the launcher's settings
-    "chosen": replace(BASE, threads=2, rollout="vllm", prompt_length=48, response_length=16),
-    "chosen_hf": replace(BASE, threads=2, prompt_length=48, response_length=16),
 }
 
 

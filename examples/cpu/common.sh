@@ -156,8 +156,11 @@ fi
 # The one switch: verl-group-ppo's plugin installs its CPU backend (platform, hf rollout, ...) in the
 # driver and in every Ray worker when VERL_PLATFORM=cpu.
 export VERL_PLATFORM=cpu
-# One thread per process: the driver, the trainer workers and the rollout server share the cores.
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} MKL_NUM_THREADS=${MKL_NUM_THREADS:-1} TOKENIZERS_PARALLELISM=false
+# One thread per process: the driver, the trainer workers and the rollout server share the cores. The real model
+# (TASK=smollm2) computes mostly in one process at a time, which then uses 2 threads.
+threads=1
+[ "$TASK" = smollm2 ] && threads=2
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$threads} MKL_NUM_THREADS=${MKL_NUM_THREADS:-$threads} TOKENIZERS_PARALLELISM=false
 export WANDB_MODE=${WANDB_MODE:-disabled} HYDRA_FULL_ERROR=1 RAY_DEDUP_LOGS=0
 
 # Per step: 32 prompts x 4 responses = 128 responses; one actor update per step, 2 critic updates of 64.
@@ -263,17 +266,23 @@ shared=(
 # test split before training and after the last step (val-core/*).
 task_settings=()
 if [ "$TASK" = smollm2 ]; then
-  sm_batch=8
+  # Chosen by benchmarks/bench_smollm2_speed.py (docs/smollm2.md, "Speed"): 2 threads in one process beat 1 thread
+  # in two ranks, the hf rollout matched vLLM's fp32 rollout within the machine's drift and starts 55 s sooner,
+  # 16 prompts a step cost 0.72x the seconds per response of 8. Two actor and two critic updates a step (8 prompts
+  # x 4 responses each); 20 steps: the launcher, prepare and both validations included, takes about 35 minutes.
+  sm_batch=16
+  sm_steps=20
   task_settings=(
     data.train_batch_size=$sm_batch
     data.max_prompt_length=$prompt_length
     reward.custom_reward_function.path=pkg://verl_group_ppo.smollm2.reward
-    actor_rollout_ref.actor.optim.lr=1e-6
-    actor_rollout_ref.actor.ppo_mini_batch_size=$sm_batch
-    critic.optim.lr=1e-5
-    critic.ppo_mini_batch_size=$sm_batch
+    actor_rollout_ref.actor.optim.lr=1e-5
+    actor_rollout_ref.actor.ppo_mini_batch_size=$((sm_batch / 2))
+    critic.optim.lr=5e-5
+    critic.ppo_mini_batch_size=$((sm_batch / 2))
+    trainer.total_training_steps=$sm_steps
     trainer.val_before_train=True
-    trainer.test_freq=$steps
+    trainer.test_freq=$sm_steps
     trainer.project_name=verl_group_ppo_cpu_smollm2
     trainer.experiment_name="smollm2_$estimator"
   )
