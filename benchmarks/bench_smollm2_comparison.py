@@ -88,10 +88,13 @@ def explained_variance_windows(steps: dict[int, dict]) -> list[tuple[int, int, f
     return out
 
 
-def report(sweep_name: str) -> str:
+def report(sweep_name: str, records: list[dict] | None = None) -> str:
+    """The tables of ``records`` (default: the kept ones) and the planned runs they lack."""
     the_sweep, arms = sweep(sweep_name)
-    records = [r for _, r in the_sweep.records(accept)]
-    missing = [run.label() for run in the_sweep.pending(accept)]
+    if records is None:
+        records = [r for _, r in the_sweep.records(accept)]
+    done = {(r["arm"], r["seed"]) for r in records}
+    missing = [run.label() for run in the_sweep.runs if (run.arm, run.seed) not in done]
     rows = ["| arm | seeds | val before | val after | answered before -> after | reward, first 5 | reward, last 5 | "
             "area | explained variance (median per 10 steps, batches whose rewards differ) |", "|---" * 9 + "|"]
     for arm in arms:

@@ -375,3 +375,60 @@ def test_multiturn_report_reproduces_the_committed_tables():
     for arm, metric, seeds, diff, verdict in _table(text, "pair"):
         assert re.search(re.escape(diff) + rf" \({seeds}\), (\*\*)?{verdict}", docs), (arm, metric)
     assert "Missing runs (0): none" in text
+
+
+# ------------------------------------------------------------------------------------------ bench_smollm2_comparison
+
+
+def _smollm2_record(arm: str, seed: int, rewards: list[float], val: tuple[float, float] = (0.1, 0.2),
+                    evs: list[float] | None = None) -> dict:
+    """A comparison record: step 0 is verl's validation before training, the last step carries the one after."""
+    bench = _load("bench_smollm2_comparison")
+    aux = {bench.AUX.format("answered"): 0.5, bench.AUX.format("bare"): 0.1}
+    steps = {"0": {bench.VAL: val[0], **aux}}
+    for k, r in enumerate(rewards, start=1):
+        steps[str(k)] = {"critic/score/mean": r, "critic/score/max": 1.0, "critic/score/min": 0.0}
+        if evs is not None:
+            steps[str(k)]["critic/vf_explained_var"] = evs[k - 1]
+    steps[str(len(rewards))].update({bench.VAL: val[1], **aux})
+    return {"arm": arm, "estimator": arm, "seed": seed, "critic_warmup": 0, "steps_planned": bench.STEPS,
+            "command": f"TASK=smollm2 bash examples/cpu/common.sh {arm}", "steps": steps}
+
+
+def test_smollm2_comparison_plans_the_preregistered_seeds_at_the_launchers_steps():
+    bench = _load("bench_smollm2_comparison")
+    runs = bench.sweep("comparison")[0].runs
+    assert [(r.arm, r.seed) for r in runs] == [("group_ppo", 0), ("gae", 0), ("grpo", 0), ("group_ppo", 1),
+                                               ("gae", 1), ("grpo", 1), ("group_ppo", 2), ("gae", 2)]
+    launcher = (REPO / "examples" / "cpu" / "common.sh").read_text()
+    assert f"sm_steps={bench.STEPS}\n" in launcher  # records are checked against the launcher's default
+    assert not bench.accept({"steps_planned": bench.STEPS + 1})
+
+
+def test_smollm2_summary_reads_validation_windows_and_explained_variance_of_varying_batches():
+    bench = _load("bench_smollm2_comparison")
+    rewards = [0.1] * 5 + [0.2] * 10 + [0.4] * 5
+    evs = [-1.0] * 10 + [0.5] * 10
+    record = _smollm2_record("gae", 0, rewards, val=(0.15, 0.3), evs=evs)
+    record["steps"]["3"]["critic/score/max"] = 0.0  # every reward equal: its explained variance is left out
+    record["steps"]["3"]["critic/vf_explained_var"] = 99.0
+    s = bench.summary(record)
+    assert (s["val_before"], s["val_after"]) == (0.15, 0.3)
+    assert s["first"] == pytest.approx(0.1) and s["last"] == pytest.approx(0.4)
+    assert s["area"] == pytest.approx(sum(rewards) / 20)
+    assert s["ev"] == [(1, 10, -1.0), (11, 20, 0.5)]
+    assert bench.summary(_smollm2_record("grpo", 0, rewards))["ev"] == []  # no critic
+
+
+def test_smollm2_report_withholds_the_verdict_until_every_planned_seed_is_in():
+    bench = _load("bench_smollm2_comparison")
+    gae = [_smollm2_record("gae", s, [0.2] * 20, val=(0.1, 0.2)) for s in (0, 1, 2)]
+    ours = [_smollm2_record("group_ppo", s, [0.3 + 0.01 * s] * 20, val=(0.1, 0.3)) for s in (0, 1, 2)]
+    text = bench.report("comparison", gae + ours[:2])
+    pairs = {row[0]: row for row in _table(text, "pair")}
+    assert "no verdict before 3" in pairs["group_ppo-gae"][1] and "win" not in pairs["group_ppo-gae"][1]
+    assert "group_ppo seed 2" in text.split("missing runs:")[1] and "gae seed 2" not in text.split("missing runs:")[1]
+    text = bench.report("comparison", gae + ours)
+    final = {row[0]: row for row in _table(text, "pair")}["group_ppo-gae"][2]
+    assert _numbers(final)[:1] == pytest.approx([0.11]) and final.endswith("win)")
+    assert {row[0]: row for row in _table(text, "arm")}["group_ppo"][3] == "0.300"
