@@ -123,7 +123,8 @@ def report(sweep_name: str, records: list[dict] | None = None) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sweep", choices=("comparison", "critic_warmup"), default="comparison")
-    parser.add_argument("--work-dir", default=os.path.join(REPO, "runs", "cpu-smollm2"), help="the task's directory (the launcher prepares it when needed)")
+    parser.add_argument("--work-dir", default=os.path.join(REPO, "runs", "cpu-smollm2"),
+                        help="the task's directory (the launcher prepares it when needed)")
     parser.add_argument("--report", action="store_true", help="only print the tables from the kept records")
     args = parser.parse_args(argv)
     if not args.report:

@@ -48,13 +48,15 @@ class Levers:
         responses_per_rank = 4 * self.prompts // self.ranks
         return [f"data.train_batch_size={self.prompts}", f"data.max_response_length={self.response_length}",
                 f"data.max_prompt_length={self.prompt_length}",
-                f"actor_rollout_ref.actor.ppo_mini_batch_size={self.prompts}", f"critic.ppo_mini_batch_size={self.prompts}",
+                f"actor_rollout_ref.actor.ppo_mini_batch_size={self.prompts}",
+                f"critic.ppo_mini_batch_size={self.prompts}",
                 f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={responses_per_rank}",
                 f"critic.ppo_micro_batch_size_per_gpu={responses_per_rank}",
                 f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={responses_per_rank}",
                 f"actor_rollout_ref.model.use_remove_padding={self.remove_padding}",
                 f"critic.model.use_remove_padding={self.remove_padding}",
-                f"actor_rollout_ref.rollout.name={self.rollout}", f"actor_rollout_ref.rollout.dtype={self.rollout_dtype}"]
+                f"actor_rollout_ref.rollout.name={self.rollout}",
+                f"actor_rollout_ref.rollout.dtype={self.rollout_dtype}"]
 
 
 BASE = Levers()
@@ -138,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     work_dir = os.path.abspath(args.work_dir)
     info = read_json(os.path.join(work_dir, "data", "prepare.json"))
     if info is None:
-        raise SystemExit(f"--work-dir: {args.work_dir} holds no prepared task (python -m verl_group_ppo.smollm2.prepare)")
+        raise SystemExit(f"--work-dir: {args.work_dir} holds no prepared task "
+                         "(python -m verl_group_ppo.smollm2.prepare)")
     if not args.report:
         for name in names:
             if read_json(RESULTS / f"{name}.json") is None:

@@ -45,7 +45,8 @@ def choose(records: dict[tuple[str, str], dict], prompt_lengths: dict[str, int])
     best = max(sampled.values())
     prompt = min((p for p in prompts if sampled[p] >= best - 0.01), key=lambda p: prompt_lengths[p])
     for band in (BAND, WIDE_BAND):
-        modules = sorted(m for (p, m), r in records.items() if p == prompt and band[0] <= r["sampled"]["correct"] <= band[1])
+        modules = sorted(m for (p, m), r in records.items()
+                         if p == prompt and band[0] <= r["sampled"]["correct"] <= band[1])
         if len(modules) >= 2:
             return prompt, modules, band
     return prompt, modules, band
@@ -82,7 +83,8 @@ def measure_all(args) -> None:
                   "sampled": evaluation.measure(model, tokenizer, qs, task.messages, max_tokens, greedy=False,
                                                 samples=SAMPLES, seed=SEED).as_dict()}
         if greedy_too:
-            record["greedy"] = evaluation.measure(model, tokenizer, qs, task.messages, max_tokens, greedy=True).as_dict()
+            greedy = evaluation.measure(model, tokenizer, qs, task.messages, max_tokens, greedy=True)
+            record["greedy"] = greedy.as_dict()
         record["seconds"] = round(time.time() - t0, 1)
         save(name, record)
         print(f"[task] {name}: sampled {record['sampled']['correct']:.3f}"

@@ -136,7 +136,8 @@ def test_harder_difficulties_draw_bigger_numbers():
     assert mean_size("train-easy") < mean_size("train-hard")
 
 
-@pytest.mark.parametrize("kwargs, name", [({"modules": ()}, "modules"), ({"modules": ("algebra.linear_1d",)}, "modules"),
+@pytest.mark.parametrize("kwargs, name", [({"modules": ()}, "modules"),
+                                          ({"modules": ("algebra.linear_1d",)}, "modules"),
                                           ({"difficulty": "easy"}, "difficulty"), ({"prompt": "none"}, "prompt")])
 def test_bad_task_settings_name_the_argument(kwargs, name):
     with pytest.raises(ValueError, match=name):
@@ -223,7 +224,8 @@ def test_prepare_writes_the_rows_once_and_rebuilds_the_data_only_when_a_setting_
     test = pd.read_parquet(tmp_path / "data" / "test.parquet")
     train = pd.read_parquet(tmp_path / "data" / "train.parquet")
     assert len(test) == 8 and set(test["data_source"]) == {DATA_SOURCE}
-    assert not set(test["extra_info"].map(lambda e: e["question"])) & set(train["extra_info"].map(lambda e: e["question"]))
+    questions = [set(split["extra_info"].map(lambda e: e["question"])) for split in (test, train)]
+    assert questions[0] and not questions[0] & questions[1]
     assert info["test_accuracy"]["sampled"]["replies"] == 16 and 0.0 <= info["test_accuracy"]["greedy"]["correct"] <= 1
     assert 10 < info["longest_prompt"] <= settings.max_prompt_length
     assert json.loads((tmp_path / "data" / prep.KEY_FILE).read_text())["settings"]["n_test"] == 8

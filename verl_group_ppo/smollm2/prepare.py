@@ -1,4 +1,4 @@
-"""Build the real-model task for verl's ``main_ppo`` on CPU: SmolLM2-135M-Instruct as a checkpoint, and verl-format data.
+"""Build the real-model task for verl's ``main_ppo`` on CPU: SmolLM2-135M-Instruct as a checkpoint, and data.
 
     python -m verl_group_ppo.smollm2.prepare --output-dir DIR
 

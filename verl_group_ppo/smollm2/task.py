@@ -2,7 +2,8 @@
 
 :class:`MathTask` holds everything a variant of the task is: the modules and difficulty of the questions, the prompt
 that asks them, the reply length, and from these the verl rows (``data_source``, ``prompt`` as chat messages,
-``reward_model.ground_truth``, ``extra_info``). verl scores the rows with :func:`verl_group_ppo.smollm2.reward.compute_score`.
+``reward_model.ground_truth``, ``extra_info``). verl scores the rows with
+:func:`verl_group_ppo.smollm2.reward.compute_score`.
 :data:`PROMPTS` are the ways of asking that the task's choice measured (docs/smollm2.md, "How the task was chosen").
 """
 
