@@ -102,7 +102,7 @@ def run_launcher(estimator: str, steps: int, overrides: Sequence[str] = (), env:
     this environment (``PYTHON``: this interpreter unless set), its output to ``log_path`` (else kept in memory)
     and its checkpoints to ``checkpoint_dir`` (else a temporary folder), removed after the run. Raises
     :class:`LauncherError` when the run fails or does not log exactly steps 1..``steps`` (and perhaps step 0, verl's
-    validation before training)."""
+    validation before training). The run's ``command`` starts with ``env``'s settings, paths made relative."""
     from verl_group_ppo.logs import parse_step_metrics
 
     ckpt = checkpoint_dir or tempfile.mkdtemp(prefix="bench-checkpoints-")
@@ -121,7 +121,8 @@ def run_launcher(estimator: str, steps: int, overrides: Sequence[str] = (), env:
     if proc.returncode != 0 or sorted(set(metrics) - {0}) != list(range(1, steps + 1)):
         raise LauncherError(f"{estimator} {' '.join(overrides)}: exit code {proc.returncode}, {len(metrics)} of "
                             f"{steps} steps logged (log: {log_path or 'below'}); the output ends:\n{output[-3000:]}")
-    return LauncherRun(" ".join(portable(a) for a in cmd), seconds, metrics)
+    settings = [f"{key}={portable(value)}" for key, value in (env or {}).items()]
+    return LauncherRun(" ".join([*settings, *(portable(a) for a in cmd)]), seconds, metrics)
 
 
 class Run(NamedTuple):

@@ -132,12 +132,13 @@ def test_run_launcher_checks_exit_code_and_steps_and_records_relative_paths(tmp_
     monkeypatch.setattr(lib.subprocess, "run", fake_run)
     seen.update(steps=2, rc=0)
     ckpt = str(lib.REPO / "runs" / "test-benchlib-ckpt")
-    run = lib.run_launcher("gae", 2, ["data.seed=1"], {"WORK_DIR": "w"}, tmp_path / "logs" / "x.log", ckpt)
+    work_dir = str(lib.REPO / "runs" / "w")
+    run = lib.run_launcher("gae", 2, ["data.seed=1"], {"WORK_DIR": work_dir}, tmp_path / "logs" / "x.log", ckpt)
     assert run.steps == {1: {"critic/score/mean": 0.1, "timing_s/step": 2.0}, 2: {"critic/score/mean": 0.2,
                                                                                   "timing_s/step": 2.0}}
-    assert run.command == ("bash examples/cpu/common.sh gae trainer.total_training_steps=2 data.seed=1 "
-                           "trainer.default_local_dir=runs/test-benchlib-ckpt")
-    assert seen["env"]["WORK_DIR"] == "w" and "PYTHON" in seen["env"] and not os.path.exists(ckpt)
+    assert run.command == ("WORK_DIR=runs/w bash examples/cpu/common.sh gae trainer.total_training_steps=2 "
+                           "data.seed=1 trainer.default_local_dir=runs/test-benchlib-ckpt")
+    assert seen["env"]["WORK_DIR"] == work_dir and "PYTHON" in seen["env"] and not os.path.exists(ckpt)
     assert (tmp_path / "logs" / "x.log").read_text().startswith("step:1 - ")
     with pytest.raises(lib.LauncherError, match="2 of 3 steps logged"):
         lib.run_launcher("gae", 3)
