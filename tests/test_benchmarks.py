@@ -433,3 +433,13 @@ def test_smollm2_report_withholds_the_verdict_until_every_planned_seed_is_in():
     final = {row[0]: row for row in _table(text, "pair")}["group_ppo-gae"][2]
     assert _numbers(final)[:1] == pytest.approx([0.11]) and final.endswith("win)")
     assert {row[0]: row for row in _table(text, "arm")}["group_ppo"][3] == "0.300"
+
+
+def test_smollm2_report_reproduces_the_committed_arm_table():
+    """docs/results.md's real-model arm table is what --report prints from benchmarks/results/smollm2/comparison/."""
+    bench = _load("bench_smollm2_comparison")
+    text, docs = bench.report("comparison"), (REPO / "docs" / "results.md").read_text()
+    rows = _table(text, "arm")
+    assert rows  # the committed records are accepted
+    for row in rows:
+        assert "| " + " | ".join(row) + " |" in docs, row
