@@ -32,9 +32,9 @@ Examples
     python examples/data_preprocess/gsm8k.py --local-dir ~/data/gsm8k
     python examples/data_preprocess/gsm8k.py --local-dir ~/data/gsm8k \\
         --train-file gsm8k/train.jsonl --test-file gsm8k/test.jsonl
-    python examples/data_preprocess/gsm8k.py --local-dir /tmp/gsm8k_eval --splits test \\
+    python examples/data_preprocess/gsm8k.py --local-dir runs/gsm8k_eval --splits test \\
         --test-file requests.jsonl.gz
-    python examples/data_preprocess/gsm8k.py --write-sample /tmp/gsm8k_sample   # made-up rows, no data needed
+    python examples/data_preprocess/gsm8k.py --write-sample runs/gsm8k_sample   # made-up rows, no data needed
     python examples/data_preprocess/gsm8k.py --local-dir ~/data/gsm8k_multiturn --multi-turn
 
 ``--write-sample DIR`` writes DIR/train.jsonl and DIR/test.jsonl: small made-up word problems in GSM8K's
