@@ -16,6 +16,7 @@ import argparse
 import os
 import sys
 import time
+from statistics import mean
 
 from benchlib import REPO, read_json, write_json
 
@@ -128,8 +129,6 @@ def report() -> str:
                  if (p, m) in records else "- | -" for p in prompts]
         lines.append(f"| {m} | " + " | ".join(cells) + " |")
     prompt, chosen, band = choose(records, lengths)
-    from statistics import mean
-
     means = {p: mean(r["sampled"]["correct"] for (q, _), r in records.items() if q == p) for p in prompts}
     lines += ["", "prompt tokens: " + ", ".join(f"{p} {lengths[p]}" for p in prompts),
               "mean sampled accuracy over the modules: " + ", ".join(f"{p} {means[p]:.3f}" for p in prompts),
