@@ -98,7 +98,7 @@ def _integer_quantiles(x: torch.Tensor, qs: Sequence[float]) -> list[float]:
     out = []
     for q in qs:
         rank = q * (n - 1)
-        low, high = (torch.searchsorted(cumulative, torch.tensor([math.floor(rank), math.ceil(rank)]), right=True)
-                     .tolist())
+        bounds = torch.tensor([math.floor(rank), math.ceil(rank)], device=cumulative.device)
+        low, high = torch.searchsorted(cumulative, bounds, right=True).tolist()
         out.append(low + (high - low) * (rank - math.floor(rank)))
     return out
