@@ -257,3 +257,15 @@ def test_prepare_refuses_prompts_longer_than_the_launchers_prompt_length(tiny_pr
 def test_bad_prepare_settings_name_the_flag(kwargs, name):
     with pytest.raises(ValueError, match=name):
         prep.PrepareSettings(**kwargs)
+
+
+def test_the_gguf_quantization_mark_is_dropped_before_saving():
+    """transformers 5.17 marks a model loaded from GGUF as quantized and refuses to save it; the weights are
+    dequantised already, so conversion drops the mark (the quantizer and the config's quantization_config)."""
+    from types import SimpleNamespace
+
+    model = SimpleNamespace(hf_quantizer=object(), is_quantized=True,
+                            config=SimpleNamespace(quantization_config={"quant_method": "gguf"}, hidden_size=576))
+    checkpoint.drop_quantization_mark(model)
+    assert model.hf_quantizer is None and model.is_quantized is False
+    assert not hasattr(model.config, "quantization_config") and model.config.hidden_size == 576

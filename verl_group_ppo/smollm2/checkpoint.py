@@ -68,6 +68,17 @@ def load_from_gguf(path: str):
     return model, tokenizer
 
 
+def drop_quantization_mark(model) -> None:
+    """Newer transformers (5.17) mark a model loaded from GGUF as GGUF-quantized and refuse to save it; its weights
+    are already dequantised to float32, so the mark (the quantizer and the config's ``quantization_config``) goes."""
+    if getattr(model, "hf_quantizer", None) is not None:
+        model.hf_quantizer = None
+    if getattr(model.config, "quantization_config", None) is not None:
+        del model.config.quantization_config
+    if getattr(model, "is_quantized", False) and not isinstance(type(model).__dict__.get("is_quantized"), property):
+        model.is_quantized = False
+
+
 def check_converted(config) -> None:
     """RuntimeError naming the field when ``config`` (a model config) is not SmolLM2-135M's shape."""
     wrong = {key: getattr(config, key, None) for key, value in EXPECTED.items() if getattr(config, key, None) != value}
@@ -86,6 +97,7 @@ def convert(output_dir: str, gguf_path: str | None = None, log: Callable[[str], 
     start, path = time.time(), gguf_path or gguf_file()
     log(f"[prepare] converting {os.path.basename(path)} to a Hugging Face checkpoint (dequantising 4-bit weights)")
     model, tokenizer = load_from_gguf(path)
+    drop_quantization_mark(model)
     if expected:
         check_converted(model.config)
     tmp = output_dir.rstrip("/") + ".tmp"
