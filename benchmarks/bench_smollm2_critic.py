@@ -129,7 +129,7 @@ def report(records: list[dict]) -> str:
             for w in warmups:
                 got = [r["lrs"][lr]["explained_variance"][str(w)] for r in mine
                        if lr in r["lrs"] and str(w) in r["lrs"][lr]["explained_variance"]]
-                cells.append(f"{mean(g['all'] for g in got):+.2f} / {mean(g['first'] for g in got):+.2f}"
+                cells.append(f"{mean(g['all'] for g in got):+.3f} / {mean(g['first'] for g in got):+.2f}"
                              if got else "-")
             rows.append(f"| {lr} | " + " | ".join(cells) + " |")
         rows.append("")

@@ -106,7 +106,7 @@ def test_the_report_averages_seeds_and_flags_held_out_replies_that_all_scored_al
                                                          "5": {"all": ev, "first": ev / 2}}}}}
 
     table = _bench().report([record(0, 0.1, 0.2), record(1, 0.1, 0.4)])
-    assert "| 5e-05 | -1.00 / -0.50 | +0.30 / +0.15 |" in table and "mean nothing" not in table
+    assert "| 5e-05 | -1.000 / -0.50 | +0.300 / +0.15 |" in table and "mean nothing" not in table
     assert "seeds [1]: every held-out reply scored the same" in _bench().report([record(0, 0.1, 0.2),
                                                                                   record(1, 0.0, 0.4)])
 
