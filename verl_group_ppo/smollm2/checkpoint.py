@@ -75,7 +75,7 @@ def drop_quantization_mark(model) -> None:
         model.hf_quantizer = None
     if getattr(model.config, "quantization_config", None) is not None:
         del model.config.quantization_config
-    if getattr(model, "is_quantized", False) and not isinstance(type(model).__dict__.get("is_quantized"), property):
+    if vars(model).get("is_quantized"):  # an attribute from_pretrained set on the instance, not a property
         model.is_quantized = False
 
 
