@@ -22,21 +22,10 @@ import os
 import time
 from statistics import mean
 
-from benchlib import REPO, int_list, read_json, write_json
+from benchlib import REPO, float_list, int_list, read_json, write_json
 
 RESULTS = os.path.join("benchmarks", "results", "smollm2", "critic")
 REPLIES_PER_STEP, UPDATES_PER_STEP = 64, 2  # the launchers' batch: 16 prompts x 4, two critic mini-batches
-WORTH_READING = 0.3
-
-
-def float_list(text: str, name: str) -> list[float]:
-    try:
-        values = [float(v) for v in text.split(",") if v.strip()]
-    except ValueError as error:
-        raise SystemExit(f"{name}: a comma list of numbers, got {text!r}") from error
-    if not values or any(v <= 0 for v in values):
-        raise SystemExit(f"{name}: needs positive numbers, got {text!r}")
-    return values
 
 
 def load_rows(work_dir: str) -> tuple[list[dict], list[dict]]:

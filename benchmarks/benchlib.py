@@ -77,6 +77,17 @@ def int_list(text: str, name: str) -> list[int]:
     return values
 
 
+def float_list(text: str, name: str) -> list[float]:
+    """``"1e-5,5e-5"`` -> ``[1e-05, 5e-05]``; SystemExit naming the flag ``name`` unless all are positive numbers."""
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError as error:
+        raise SystemExit(f"{name}: a comma list of numbers, got {text!r}") from error
+    if not values or any(v <= 0 for v in values):
+        raise SystemExit(f"{name}: needs positive numbers, got {text!r}")
+    return values
+
+
 def random_prompts(count: int, low: int, high: int, min_len: int, max_len: int, seed: int = 0) -> list[list[int]]:
     """``count`` prompts of random token ids in ``[low, high)``, each of a random length in ``[min_len, max_len]``."""
     rng = random.Random(seed)

@@ -86,33 +86,3 @@ def test_sampled_replies_are_scored_and_critic_updates_fit_them(tiny_model):
     losses = [update(critic, optimizer, batch) for _ in range(30)]
     assert losses[-1] < 0.2 * losses[0]
     assert heldout_explained_variance(critic, batch)["all"] > 0.5
-
-
-def _bench():
-    import importlib
-    import sys
-    from pathlib import Path
-
-    benchmarks = str(Path(__file__).resolve().parents[1] / "benchmarks")
-    if benchmarks not in sys.path:
-        sys.path.insert(0, benchmarks)
-    return importlib.import_module("bench_smollm2_critic")
-
-
-def test_the_report_averages_seeds_and_flags_held_out_replies_that_all_scored_alike():
-    def record(seed, held_reward, ev):
-        return {"seed": seed, "device": "cuda", "warmups": [0, 5], "held_replies": 512, "held_reward": held_reward,
-                "lrs": {"5e-05": {"explained_variance": {"0": {"all": -1.0, "first": -0.5},
-                                                         "5": {"all": ev, "first": ev / 2}}}}}
-
-    table = _bench().report([record(0, 0.1, 0.2), record(1, 0.1, 0.4)])
-    assert "| 5e-05 | -1.000 / -0.50 | +0.300 / +0.15 |" in table and "mean nothing" not in table
-    assert "seeds [1]: every held-out reply scored the same" in _bench().report([record(0, 0.1, 0.2),
-                                                                                  record(1, 0.0, 0.4)])
-
-
-@pytest.mark.parametrize("argv, flag", [(["--lrs", "0"], "--lrs"), (["--warmups", "-1"], "--warmups"),
-                                        (["--samples", "3"], "--samples"), (["--seeds", "a"], "--seeds")])
-def test_bad_benchmark_arguments_name_the_flag(argv, flag):
-    with pytest.raises(SystemExit, match=flag):
-        _bench().main([*argv, "--report"])

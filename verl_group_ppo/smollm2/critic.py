@@ -77,24 +77,14 @@ def sample_replies(model: Any, tokenizer: Any, rows: Sequence[dict], samples: in
                    generator: torch.Generator, batch_size: int = 64) -> ScoredReplies:
     """``samples`` replies (temperature 1, at most ``max_tokens``) to each of ``rows`` (verl's parquet rows:
     ``prompt`` messages and ``reward_model.ground_truth``), scored by the task's reward."""
-    from verl_group_ppo.cpu.generation import SamplingRequest, generate_batch
-
-    from .evaluation import prompt_ids
+    from .evaluation import sample
 
     items = [row for row in rows for _ in range(samples)]
-    eos, pad = int(tokenizer.eos_token_id), int(tokenizer.pad_token_id)
-    prompts, replies, scores = [], [], []
-    with torch.no_grad():
-        for start in range(0, len(items), batch_size):
-            chunk = items[start:start + batch_size]
-            ids = [tuple(prompt_ids(tokenizer, list(row["prompt"]))) for row in chunk]
-            done = generate_batch(model, [SamplingRequest(p, max_tokens) for p in ids], [eos], pad, generator=generator)
-            for row, prompt, completion in zip(chunk, ids, done):
-                prompts.append(prompt)
-                replies.append(completion.token_ids)
-                text = tokenizer.decode(completion.token_ids, skip_special_tokens=True)
-                scores.append(score_reply(text, str(row["reward_model"]["ground_truth"])).score)
-    return lay_out(prompts, replies, scores, pad)
+    done = sample(model, tokenizer, [row["prompt"] for row in items], max_tokens, False, generator, batch_size)
+    scores = [score_reply(text, str(row["reward_model"]["ground_truth"])).score
+              for row, (_, _, text) in zip(items, done)]
+    return lay_out([prompt for prompt, _, _ in done], [c.token_ids for _, c, _ in done], scores,
+                   int(tokenizer.pad_token_id))
 
 
 def critic_values(critic: Any, batch: ScoredReplies) -> torch.Tensor:

@@ -36,6 +36,25 @@ def prompt_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
     return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
 
 
+def sample(model: Any, tokenizer: Any, messages: Sequence[list[dict[str, str]]], max_tokens: int, greedy: bool,
+           generator: Any, batch_size: int = 64) -> list[tuple[tuple[int, ...], Any, str]]:
+    """One reply to each chat of ``messages`` (greedy, or at temperature 1 from ``generator``), ``batch_size`` at a
+    time: (prompt ids, :class:`~verl_group_ppo.cpu.generation.Completion`, reply text) per chat, in order."""
+    import torch
+
+    from verl_group_ppo.cpu.generation import SamplingRequest, generate_batch
+
+    eos, pad = int(tokenizer.eos_token_id), int(tokenizer.pad_token_id)
+    out = []
+    with torch.no_grad():
+        for start in range(0, len(messages), batch_size):
+            ids = [tuple(prompt_ids(tokenizer, list(m))) for m in messages[start:start + batch_size]]
+            requests = [SamplingRequest(p, max_tokens, temperature=0.0 if greedy else 1.0) for p in ids]
+            for prompt, completion in zip(ids, generate_batch(model, requests, [eos], pad, generator=generator)):
+                out.append((prompt, completion, tokenizer.decode(completion.token_ids, skip_special_tokens=True)))
+    return out
+
+
 def measure(model: Any, tokenizer: Any, questions: Sequence[Question], messages: Callable[[str], list[dict]],
             max_tokens: int, greedy: bool, samples: int = 1, seed: int = 0, batch_size: int = 64) -> Accuracy:
     """Accuracy of ``model`` on ``questions`` (prompts built by ``messages(question_text)``).
@@ -47,28 +66,21 @@ def measure(model: Any, tokenizer: Any, questions: Sequence[Question], messages:
     """
     import torch
 
-    from verl_group_ppo.cpu.generation import SamplingRequest, generate_batch
-
     if max_tokens < 1 or samples < 1 or batch_size < 1:
         raise ValueError(f"max_tokens, samples, batch_size: must be >= 1, got {max_tokens}, {samples}, {batch_size}")
     items = [q for q in questions for _ in range(1 if greedy else samples)]
     if not items:
         raise ValueError("questions: empty")
     generator = torch.Generator().manual_seed(seed)
-    eos, pad = int(tokenizer.eos_token_id), int(tokenizer.pad_token_id)
     totals = {"correct": 0.0, "answered": 0.0, "bare": 0.0, "finished": 0.0, "length": 0.0}
-    with torch.no_grad():
-        for start in range(0, len(items), batch_size):
-            chunk = items[start:start + batch_size]
-            requests = [SamplingRequest(tuple(prompt_ids(tokenizer, messages(q.question))), max_tokens,
-                                        temperature=0.0 if greedy else 1.0) for q in chunk]
-            for question, completion in zip(chunk, generate_batch(model, requests, [eos], pad, generator=generator)):
-                scored = score_reply(tokenizer.decode(completion.token_ids, skip_special_tokens=True), question.answer)
-                totals["correct"] += scored.score
-                totals["answered"] += scored.answered
-                totals["bare"] += scored.bare
-                totals["finished"] += completion.stopped_at_eos
-                totals["length"] += len(completion.token_ids)
+    replies = sample(model, tokenizer, [messages(q.question) for q in items], max_tokens, greedy, generator, batch_size)
+    for question, (_, completion, text) in zip(items, replies):
+        scored = score_reply(text, question.answer)
+        totals["correct"] += scored.score
+        totals["answered"] += scored.answered
+        totals["bare"] += scored.bare
+        totals["finished"] += completion.stopped_at_eos
+        totals["length"] += len(completion.token_ids)
     n = len(items)
     return Accuracy(totals["correct"] / n, totals["answered"] / n, totals["bare"] / n, totals["finished"] / n,
                     totals["length"] / n, n)
