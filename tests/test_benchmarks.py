@@ -454,10 +454,11 @@ def test_the_report_averages_seeds_and_flags_held_out_replies_that_all_scored_al
                 "lrs": {"5e-05": {"explained_variance": {"0": {"all": -1.0, "first": -0.5},
                                                          "5": {"all": ev, "first": ev / 2}}}}}
 
-    table = _load("bench_smollm2_critic").report([record(0, 0.1, 0.2), record(1, 0.1, 0.4)])
+    bench = _load("bench_smollm2_critic")
+    table = bench.report([record(0, 0.1, 0.2), record(1, 0.1, 0.4)])
     assert "| 5e-05 | -1.000 / -0.50 | +0.300 / +0.15 |" in table and "mean nothing" not in table
-    assert "seeds [1]: every held-out reply scored the same" in _load("bench_smollm2_critic").report([record(0, 0.1, 0.2),
-                                                                                  record(1, 0.0, 0.4)])
+    flagged = bench.report([record(0, 0.1, 0.2), record(1, 0.0, 0.4)])
+    assert "seeds [1]: every held-out reply scored the same" in flagged
 
 
 @pytest.mark.parametrize("argv, flag", [(["--lrs", "0"], "--lrs"), (["--warmups", "-1"], "--warmups"),
