@@ -41,12 +41,9 @@ def load_rows(work_dir: str) -> tuple[list[dict], list[dict]]:
 
 
 def model_dir(work_dir: str, gguf: str | None) -> str:
-    from verl_group_ppo.smollm2.checkpoint import convert
+    from verl_group_ppo.smollm2.checkpoint import ensure_model
 
-    path = os.path.join(work_dir, "model")
-    if not os.path.isfile(os.path.join(path, "config.json")):
-        convert(path, gguf_path=gguf)
-    return path
+    return ensure_model(os.path.join(work_dir, "model"), gguf_path=gguf)
 
 
 def measure_seed(seed: int, args: argparse.Namespace, device: str) -> dict:

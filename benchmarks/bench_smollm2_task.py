@@ -67,8 +67,7 @@ def measure_all(args) -> None:
 
     torch.set_num_threads(args.threads)
     model_dir = os.path.join(args.work_dir, "model")
-    if not os.path.exists(os.path.join(model_dir, "config.json")):
-        checkpoint.convert(model_dir)
+    checkpoint.ensure_model(model_dir)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()

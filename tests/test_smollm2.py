@@ -187,6 +187,23 @@ def test_conversion_writes_a_checkpoint_with_the_eos_and_pad_fixes(tiny_gguf, tm
     assert torch.equal(model(x).logits, reference(x).logits)
 
 
+def test_ensure_model_converts_only_when_the_folder_is_missing(tiny_gguf, tmp_path, monkeypatch):
+    calls = []
+    real_convert = checkpoint.convert
+
+    def convert(output_dir, **kwargs):
+        calls.append(output_dir)
+        return real_convert(output_dir, gguf_path=tiny_gguf, log=lambda m: None, expected=False)
+
+    monkeypatch.setattr(checkpoint, "convert", convert)
+    model_dir = str(tmp_path / "model")
+    assert checkpoint.ensure_model(model_dir) == model_dir and calls == [model_dir]
+    checkpoint.ensure_model(model_dir)
+    assert calls == [model_dir]  # found complete: not converted again
+    checkpoint.ensure_model(model_dir, force=True)
+    assert calls == [model_dir, model_dir]
+
+
 def test_the_shape_check_refuses_a_model_that_is_not_smollm2(tiny_gguf, tmp_path):
     with pytest.raises(RuntimeError, match="not SmolLM2-135M"):
         checkpoint.convert(str(tmp_path / "model"), gguf_path=tiny_gguf, log=lambda m: None)

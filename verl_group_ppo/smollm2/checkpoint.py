@@ -109,3 +109,12 @@ def convert(output_dir: str, gguf_path: str | None = None, log: Callable[[str], 
     log(f"[prepare] wrote {output_dir}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters "
         f"({time.time() - start:.0f} s)")
     return output_dir
+
+
+def ensure_model(model_dir: str, gguf_path: str | None = None, log: Callable[[str], None] = print,
+                 force: bool = False) -> str:
+    """``model_dir`` as a converted checkpoint: :func:`convert` runs when ``model_dir/config.json`` is missing (or
+    ``force``), else nothing happens (a directory that exists is complete, see :func:`convert`). Returns ``model_dir``."""
+    if force or not os.path.isfile(os.path.join(model_dir, "config.json")):
+        convert(model_dir, gguf_path=gguf_path, log=log)
+    return model_dir

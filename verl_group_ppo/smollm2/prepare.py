@@ -138,8 +138,7 @@ def prepare(output_dir: str, settings: PrepareSettings = PrepareSettings(), log:
         with open(os.path.join(data_dir, KEY_FILE)) as f:
             return json.load(f)
     start, task = time.time(), settings.task()
-    if force or not os.path.exists(os.path.join(model_dir, "config.json")):
-        checkpoint.convert(model_dir, log=log)
+    checkpoint.ensure_model(model_dir, log=log, force=force)
     train, test = task.split(settings.n_train, settings.n_test, settings.seed)
     longest = check_prompt_lengths(model_dir, task, train + test, settings)
     log(f"[prepare] {len(train)} train / {len(test)} test questions from {', '.join(task.modules)} "
