@@ -186,8 +186,7 @@ def test_vllm_server_hook_checks_pass_on_verls_shape_and_name_each_changed_hook(
         vc.check_server_hooks(_Server)
     monkeypatch.undo()
     monkeypatch.setattr(_Server, "launch_server", lambda self: {"worker_extension_cls": "x.Extension"})
-    with pytest.raises(vc.VLLMHookError, match=_hook_error("_Server._get_worker_extension_cls is no longer called")):
-        vc.check_server_hooks(_Server)  # the override would never be used
+    vc.check_server_hooks(_Server)  # no call found is a warning (call_warnings), never a refusal
 
 
 def test_vllm_check_ignores_the_keyword_ray_adds_to_an_actor_classes_methods():
@@ -224,14 +223,44 @@ def test_vllm_worker_extension_check_fails_loudly_on_a_changed_verl(monkeypatch)
     with pytest.raises(vc.VLLMHookError, match=_hook_error(r"_Extension.update_weights_from_ipc takes")):
         vc.check_worker_extension(_Extension)
     monkeypatch.undo()
-    monkeypatch.setattr(_Extension, "update_weights_from_ipc",
-                        lambda self, peft_config=None, base_sync_done=False, use_shm=False: None)
-    with pytest.raises(vc.VLLMHookError, match=_hook_error("_Extension._update_weights is no longer called")):
-        vc.check_worker_extension(_Extension)
-    monkeypatch.undo()
     monkeypatch.setattr(_Extension, "_iter_all_models_with_config", None)
     with pytest.raises(vc.VLLMHookError, match=_hook_error("_Extension._iter_all_models_with_config is gone")):
         vc.check_worker_extension(_Extension)
+
+
+class _Replica:
+    """A stand-in for verl's vLLMReplica."""
+
+    def launch_servers(self): return self.server_class.remote()
+
+
+def test_vllm_call_warnings_name_each_verl_function_that_no_longer_reads_a_hook(monkeypatch):
+    assert vc.call_warnings(_Server, _Extension, _Replica) == []
+    monkeypatch.setattr(_Server, "launch_server", lambda self: {"worker_extension_cls": "x.Extension"})
+    monkeypatch.setattr(_Extension, "update_weights_from_ipc",
+                        lambda self, peft_config=None, base_sync_done=False, use_shm=False: None)
+    monkeypatch.setattr(_Replica, "launch_servers", lambda self: None)
+    lines = vc.call_warnings(_Server, _Extension, _Replica)
+    assert len(lines) == 3, lines
+    for line, (where, hook) in zip(lines, [("any method of _Server", "_Server._get_worker_extension_cls"),
+                                            ("_Extension.update_weights_from_ipc", "_Extension._update_weights"),
+                                            ("_Replica.launch_servers", "_Replica.server_class")]):
+        assert f"overrides {hook}, but {where} does not read" in line, line
+        assert line.endswith("use actor_rollout_ref.rollout.name=hf") and "\n" not in line
+
+
+def test_vllm_a_call_moved_into_a_helper_warns_but_the_checks_pass(monkeypatch):
+    def launch_server(self):
+        return _helper(self)
+
+    def _helper(server):
+        return {"worker_extension_cls": server._get_worker_extension_cls()}
+
+    monkeypatch.setattr(_Server, "launch_server", launch_server)
+    vc.check_server_hooks(_Server)  # the behavioural checks: no refusal
+    assert _Server(config=1).launch_server() == {"worker_extension_cls": "x.Extension"}  # the override is used
+    assert [line for line in vc.call_warnings(_Server, _Extension, _Replica)
+            if "_get_worker_extension_cls" in line]  # the name-based look misses it: a warning
 
 
 def test_vllm_vllm_api_check_binds_the_calls_the_worker_makes():
@@ -311,12 +340,8 @@ def _broken_hooks():
         ("vLLMHttpServer", "_get_worker_extension_cls",
          lambda self: "verl.workers.rollout.vllm_rollout.utils.SomeOtherExtension",
          "vLLMHttpServer._get_worker_extension_cls no longer names an importable class"),
-        ("vLLMHttpServer", "launch_server", lambda self: None,
-         "vLLMHttpServer._get_worker_extension_cls is no longer called"),
         ("vLLMColocateWorkerExtension", "update_weights_from_ipc", lambda self, peft_config=None, use_shm=False: None,
          r"vLLMColocateWorkerExtension.update_weights_from_ipc takes \['peft_config', 'use_shm'\]"),
-        ("vLLMReplica", "launch_servers", lambda self: None,
-         "vLLMReplica.server_class is no longer what launch_servers"),
     ]
 
 
@@ -337,6 +362,24 @@ def test_vllm_a_broken_verl_hook_stops_the_driver_at_start_up_naming_it_and_roll
     with pytest.raises(vc.VLLMHookError, match=_hook_error(error)):
         vr._with_rollout_settings(lambda config: None)(_config("vllm"))  # the driver: verl's auto_set_device
     assert capsys.readouterr().out == ""  # refused before the start-up line
+
+
+@pytest.mark.slow  # importing vLLM starts a process
+@needs_vllm
+def test_vllm_a_verl_function_that_no_longer_reads_a_hook_by_name_warns_and_the_driver_goes_on(
+        installed_vllm_rollout, monkeypatch, caplog):
+    server_module, utils = installed_vllm_rollout
+    with caplog.at_level("WARNING", logger="verl_group_ppo.cpu"):
+        vc.check_vllm_rollout()
+    assert [r for r in caplog.records if "does not read" in r.getMessage()] == []  # the installed verl reads them all
+    monkeypatch.setattr(server_module.vLLMHttpServer, "launch_server", lambda self: None)
+    monkeypatch.setattr(server_module.vLLMReplica, "launch_servers", lambda self: None)
+    with caplog.at_level("WARNING", logger="verl_group_ppo.cpu"):
+        vc.check_vllm_rollout()  # no refusal
+    warned = [r.getMessage() for r in caplog.records if "does not read" in r.getMessage()]
+    assert len(warned) == 2, warned
+    assert "overrides vLLMHttpServer._get_worker_extension_cls" in warned[0]
+    assert "overrides vLLMReplica.server_class, but vLLMReplica.launch_servers does not read" in warned[1]
 
 
 @pytest.mark.slow  # importing vLLM starts a process

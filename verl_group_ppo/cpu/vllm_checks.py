@@ -10,22 +10,26 @@ hook                                                        what must hold
 ==========================================================  ===========================================================
 ``RolloutReplicaRegistry.get("vllm")``                      answers ``CPUvLLMReplica``
 ``vLLMReplica.server_class``                                a ``CPUvLLMReplica`` built as verl builds it holds the Ray
-                                                            actor class of ``CPUvLLMHttpServer``, and
-                                                            ``vLLMReplica.launch_servers`` reads it
+                                                            actor class of ``CPUvLLMHttpServer``
 ``vLLMHttpServer._init_config``, ``._validate_configs``,    each takes the arguments the override takes
-``._get_worker_extension_cls``                              (:data:`.vllm_common.SERVER_HOOKS`), and another method of
-                                                            ``vLLMHttpServer`` calls it
+``._get_worker_extension_cls``                              (:data:`.vllm_common.SERVER_HOOKS`)
 ``vLLMHttpServer._get_worker_extension_cls``                ``CPUvLLMWorkerExtension`` derives from the class verl's
                                                             answer names, and the backend's server names it
 ``vLLMColocateWorkerExtension.update_weights_from_ipc``,    each takes the arguments the override takes
-``._update_weights``                                        (:data:`.vllm_common.WORKER_METHODS`), and the first calls
-                                                            the second; ``_iter_all_models_with_config`` exists
+``._update_weights``                                        (:data:`.vllm_common.WORKER_METHODS`);
+                                                            ``_iter_all_models_with_config`` exists
 vLLM's ``initialize_layerwise_reload(model)``,              callable with those arguments
 ``finalize_layerwise_reload(model, model_config)``
 vLLM's ``CPUAttentionBackend.get_supported_head_sizes()``   answers a list of ints
 ==========================================================  ===========================================================
 
 A failed check raises :class:`VLLMHookError`, naming the hook and ``actor_rollout_ref.rollout.name=hf``.
+
+Three facts the overrides rely on cannot be observed without running vLLM's engine or Ray: that another method of
+``vLLMHttpServer`` calls each server hook, that ``vLLMColocateWorkerExtension.update_weights_from_ipc`` calls
+``_update_weights``, and that ``vLLMReplica.launch_servers`` starts ``self.server_class``. :func:`call_warnings` looks
+for the names in those verl functions' compiled code; a miss only logs a warning naming the verl function (verl may
+have moved the call into a helper, which changes no behaviour), never refuses the run.
 Versions other than the tested ones (:data:`TESTED_VERSIONS`) only log one warning line (:func:`version_line`).
 """
 
@@ -150,13 +154,6 @@ def check_method(owner: type, name: str, arguments: Sequence[str]) -> None:
         raise hook_error(f"{owner.__name__}.{name}", f"takes {parameters}, not {list(arguments)}")
 
 
-def check_called(owner: type, name: str) -> None:
-    """Raise :class:`VLLMHookError` unless a method of ``owner`` other than ``name`` reads ``self.<name>`` (an
-    override of it is then used)."""
-    if not callers(owner, name):
-        raise hook_error(f"{owner.__name__}.{name}", f"is no longer called by any method of {owner.__name__}")
-
-
 def check_callable_with(function: Any, arguments: Sequence[str], hook: str) -> None:
     """Raise :class:`VLLMHookError` unless ``function`` can be called with the positional ``arguments``."""
     if not callable(function):
@@ -169,20 +166,16 @@ def check_callable_with(function: Any, arguments: Sequence[str], hook: str) -> N
 
 def check_server_hooks(server: type) -> None:
     """Check verl's ``vLLMHttpServer`` class ``server``: each of :data:`.vllm_common.SERVER_HOOKS` takes the
-    override's arguments and is called by another of its methods."""
+    override's arguments."""
     for name, arguments in SERVER_HOOKS.items():
         check_method(server, name, arguments)
-        check_called(server, name)
 
 
 def check_worker_extension(base: type) -> None:
     """Check verl's worker extension class ``base``: the overridden :data:`.vllm_common.WORKER_METHODS` take the
-    override's arguments, ``update_weights_from_ipc`` calls ``_update_weights``, and
-    :data:`.vllm_common.MODELS_METHOD` exists."""
+    override's arguments, and :data:`.vllm_common.MODELS_METHOD` exists."""
     for name, arguments in WORKER_METHODS.items():
         check_method(base, name, arguments)
-    if "_update_weights" not in _names_read(base.update_weights_from_ipc):
-        raise hook_error(f"{base.__name__}._update_weights", "is no longer called by update_weights_from_ipc")
     if not callable(getattr(base, MODELS_METHOD, None)):
         raise hook_error(f"{base.__name__}.{MODELS_METHOD}", "is gone")
 
@@ -209,8 +202,8 @@ def check_worker_extension_hook(server: type, ours: type) -> type:
 
 
 def check_replica(replica_base: type, replica: type, server: type, registered: Any) -> None:
-    """Check that verl's registry answers ``registered`` = ``replica``, that a ``replica`` built as verl builds it
-    holds the Ray actor class of ``server``, and that ``replica_base.launch_servers`` starts from it."""
+    """Check that verl's registry answers ``registered`` = ``replica``, and that a ``replica`` built as verl builds it
+    holds the Ray actor class of ``server`` (a subclass of ``replica_base``, verl's ``vLLMReplica``)."""
     if registered is not replica:
         raise hook_error(f'RolloutReplicaRegistry.get("{VLLM_ROLLOUT_NAME}")',
                          f"answers {registered!r}, not {replica!r}")
@@ -226,8 +219,25 @@ def check_replica(replica_base: type, replica: type, server: type, registered: A
     if getattr(actor_class, "__ray_actor_class__", None) is not server:
         raise hook_error(f"{replica_base.__name__}.server_class",
                          f"is {actor_class!r}, not ray.remote({server.__name__})")
+
+
+def call_warnings(server: type, extension: type, replica_base: type) -> list[str]:
+    """The calls the overrides rely on that no check can observe without vLLM's engine or Ray (module docstring),
+    looked for by name in the compiled code of verl's ``server`` (``vLLMHttpServer``), ``extension``
+    (``vLLMColocateWorkerExtension``) and ``replica_base`` (``vLLMReplica``) classes. Returns one warning line per
+    name not found, naming the verl function it was looked for in; an empty list when all are found."""
+    missing = [(f"any method of {server.__name__}", f"self.{name}", f"{server.__name__}.{name}")
+               for name in SERVER_HOOKS if not callers(server, name)]
+    if "_update_weights" not in _names_read(extension.update_weights_from_ipc):
+        missing.append((f"{extension.__name__}.update_weights_from_ipc", "self._update_weights",
+                        f"{extension.__name__}._update_weights"))
     if "server_class" not in _names_read(replica_base.launch_servers):
-        raise hook_error(f"{replica_base.__name__}.server_class", "is no longer what launch_servers starts")
+        missing.append((f"{replica_base.__name__}.launch_servers", "self.server_class",
+                        f"{replica_base.__name__}.server_class"))
+    return [f"verl-group-ppo cpu backend: rollout.name={VLLM_ROLLOUT_NAME} overrides {hook}, but {where} does not "
+            f"read {read} in its own code (a look at compiled names, not behaviour: verl may have moved the call "
+            "into a helper). If the run fails inside vLLM, use actor_rollout_ref.rollout.name=hf"
+            for where, read, hook in missing]
 
 
 def check_vllm_api(reload_module: Any, attention_backend: Any) -> None:
@@ -257,7 +267,8 @@ def _import(module: str) -> Any:
 
 def check_vllm_rollout() -> None:
     """Run every check above on the installed verl and vLLM and the backend's classes; raise :class:`VLLMHookError`
-    on the first that fails. Imports vLLM (the driver of a ``rollout.name=vllm`` run only)."""
+    on the first that fails, then log :func:`call_warnings` as warnings. Imports vLLM (the driver of a
+    ``rollout.name=vllm`` run only)."""
     verl_server = _import(VERL_SERVER_MODULE)
     for name in ("vLLMHttpServer", "vLLMReplica"):
         if not isinstance(getattr(verl_server, name, None), type):
@@ -267,7 +278,8 @@ def check_vllm_rollout() -> None:
                    getattr(_import("vllm.v1.attention.backends.cpu_attn"), "CPUAttentionBackend", None))
     server = _import("verl_group_ppo.cpu.vllm_server")
     _import("verl_group_ppo.cpu.vllm_worker")
-    check_worker_extension(check_worker_extension_hook(verl_server.vLLMHttpServer, server.CPUvLLMHttpServer))
+    verl_extension = check_worker_extension_hook(verl_server.vLLMHttpServer, server.CPUvLLMHttpServer)
+    check_worker_extension(verl_extension)
     from verl.workers.rollout.replica import RolloutReplicaRegistry
 
     try:
@@ -275,3 +287,5 @@ def check_vllm_rollout() -> None:
     except ValueError as exc:  # nothing registered under the name
         raise hook_error(f'RolloutReplicaRegistry.get("{VLLM_ROLLOUT_NAME}")', f"fails ({exc})") from exc
     check_replica(verl_server.vLLMReplica, server.CPUvLLMReplica, server.CPUvLLMHttpServer, registered)
+    for line in call_warnings(verl_server.vLLMHttpServer, verl_extension, verl_server.vLLMReplica):
+        logger.warning(line)
