@@ -1,0 +1,148 @@
+"""Values at group boundaries without a critic: the prefix tree of a prompt's replies, and Monte Carlo means.
+
+Pure torch, no verl imports. Both give ``values`` (B, T) in verl's convention (``values[b, t]`` is the value of
+the state before response token t), which the estimator reads exactly as it reads a critic's.
+
+* :func:`prefix_tree_values`: the value of a prefix is the mean reward of the replies to the same prompt (verl's
+  ``uid``) that share the prefix token for token. No generation beyond the replies themselves. Every prefix has a
+  value, so it is defined at every position, not only at group starts.
+
+  What it reduces to when no two replies of a prompt share a first token: the value before token 0 is the prompt's
+  mean reward (the empty prefix is shared by all), and every later value is the reply's own reward. With
+  ``gamma = lam = 1`` and one reward at the last token the first group's advantage is ``R - mean(R of the prompt)``
+  (GRPO's advantage before its std scaling) and every later group's is 0: the tree only assigns credit inside a
+  reply where replies agree on a prefix and then part.
+* :func:`mc_boundary_values`: the value at a group start is the mean score of K continuations sampled from the
+  prompt plus the reply up to that start. The value before token 0 is the prompt's mean reward over its n replies:
+  those are n samples from exactly that state, already paid for, so K more would only repeat them.
+
+Equality of prefixes is decided on ``response_ids`` and ``attention_mask`` together (a position that exists in one
+reply and not in the other differs), over every position before the boundary, tool observations included (in the
+multi-turn loop they are part of the state).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence, Union
+
+import numpy as np
+import torch
+
+__all__ = ["mc_boundary_values", "prefix_tree_values", "shared_prefix_lengths"]
+
+IndexLike = Union[np.ndarray, Sequence[Any], torch.Tensor]
+
+
+def shared_prefix_lengths(response_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """For n replies of one prompt, how many leading positions each pair shares.
+
+    Args:
+        response_ids: (n, T) token ids.
+        attention_mask: (n, T) 0/1, 1 where the reply has a token (assistant or tool observation), 0 on padding.
+
+    Returns:
+        (n, n) long: ``L[i, j]`` = the number of leading positions where replies i and j hold the same token and
+        both exist or both do not (T when they agree everywhere); symmetric, ``L[i, i] = T``.
+    """
+    n, T = response_ids.shape
+    exists = attention_mask.bool()
+    same = (response_ids[:, None, :] == response_ids[None, :, :]) & (exists[:, None, :] == exists[None, :, :])
+    differs = ~same  # (n, n, T)
+    first = torch.where(differs.any(dim=2), differs.int().argmax(dim=2), torch.full((n, n), T))
+    return first.long()
+
+
+def prefix_tree_values(response_ids: torch.Tensor, attention_mask: torch.Tensor, scores: torch.Tensor,
+                       index: IndexLike) -> torch.Tensor:
+    """The prefix tree's value before every response position (module docstring).
+
+    ``V[b, t]`` = mean of ``scores[j]`` over the replies j with ``index[j] == index[b]`` whose first t positions
+    equal reply b's (:func:`shared_prefix_lengths` >= t); reply b itself always counts.
+
+    Args:
+        response_ids: (B, T) token ids.
+        attention_mask: (B, T) 0/1, the response part of verl's attention mask.
+        scores: (B,) float, each reply's reward (the sum of its token-level rewards).
+        index: (B,) prompt ids (verl's ``uid``: str or int).
+
+    Returns:
+        (B, T) values in ``scores``' dtype (float32 when it is not floating); callers read them at valid
+        positions only.
+    """
+    _check_shapes(response_ids, attention_mask, scores)
+    groups = _index_groups(index, response_ids.shape[0])
+    B, T = response_ids.shape
+    dtype = scores.dtype if scores.is_floating_point() else torch.float32
+    values = torch.empty((B, T), dtype=dtype, device=scores.device)
+    positions = torch.arange(T, device=response_ids.device)
+    for rows in groups:
+        shared = shared_prefix_lengths(response_ids[rows], attention_mask[rows])  # (n, n)
+        member = (shared[:, :, None] >= positions).to(dtype)  # (n, n, T): j shares b's first t positions
+        total = torch.einsum("bjt,j->bt", member, scores[rows].to(dtype))
+        values[rows] = total / member.sum(dim=1)
+    return values
+
+
+def mc_boundary_values(starts: torch.Tensor, continuation_scores: torch.Tensor, scores: torch.Tensor,
+                       index: IndexLike) -> torch.Tensor:
+    """Monte Carlo values at group starts (module docstring).
+
+    Args:
+        starts: (B, T) bool, True at each group's first valid position.
+        continuation_scores: (S, K) float, the scores of K continuations for each start that is not at position 0,
+            in row-major order of ``starts`` (row by row, left to right), i.e. ``nonzero(starts[:, 1:])`` order.
+        scores: (B,) float, each reply's own reward.
+        index: (B,) prompt ids.
+
+    Returns:
+        (B, T) values: the mean over K at every start after position 0, the prompt's mean reward at a start at
+        position 0, 0 elsewhere (no other position is read with boundaries from ``starts``).
+    """
+    if starts.dim() != 2 or starts.dtype != torch.bool:
+        raise ValueError(f"starts must be a (B, T) bool tensor, got {_describe(starts)}")
+    B, T = starts.shape
+    if scores.shape != (B,):
+        raise ValueError(f"scores must have shape ({B},), got {tuple(scores.shape)}")
+    later = starts.clone()
+    later[:, 0] = False
+    n_later = int(later.sum())
+    if continuation_scores.dim() != 2 or continuation_scores.shape[0] != n_later or continuation_scores.shape[1] < 1:
+        raise ValueError(f"continuation_scores must have shape ({n_later}, K) with K >= 1 (one row per group start "
+                         f"after position 0), got {tuple(continuation_scores.shape)}")
+    dtype = scores.dtype if scores.is_floating_point() else torch.float32
+    values = torch.zeros((B, T), dtype=dtype, device=scores.device)
+    values[later] = continuation_scores.to(dtype).mean(dim=1)
+    prompt_mean = torch.empty(B, dtype=dtype, device=scores.device)
+    for rows in _index_groups(index, B):
+        prompt_mean[rows] = scores[rows].to(dtype).mean()
+    values[:, 0] = torch.where(starts[:, 0], prompt_mean, values[:, 0])
+    return values
+
+
+def _check_shapes(response_ids: torch.Tensor, attention_mask: torch.Tensor, scores: torch.Tensor) -> None:
+    if not isinstance(response_ids, torch.Tensor) or response_ids.dim() != 2:
+        raise ValueError(f"response_ids must be a (B, T) tensor, got {_describe(response_ids)}")
+    if not isinstance(attention_mask, torch.Tensor) or attention_mask.shape != response_ids.shape:
+        raise ValueError(f"attention_mask must have the shape of response_ids {tuple(response_ids.shape)}, "
+                         f"got {_describe(attention_mask)}")
+    if not isinstance(scores, torch.Tensor) or scores.shape != response_ids.shape[:1]:
+        raise ValueError(f"scores must have shape ({response_ids.shape[0]},), got {_describe(scores)}")
+
+
+def _index_groups(index: IndexLike, batch_size: int) -> list[torch.Tensor]:
+    """The rows of each prompt id, in order of first appearance: a list of (n_p,) long tensors."""
+    if isinstance(index, torch.Tensor):
+        index = index.detach().cpu().numpy()
+    arr = np.asarray(index)
+    if arr.ndim != 1 or len(arr) != batch_size:
+        raise ValueError(f"index must be a 1-D sequence of {batch_size} prompt ids (one per response), "
+                         f"got shape {arr.shape}")
+    _, first, inverse = np.unique(arr, return_index=True, return_inverse=True)
+    order = np.argsort(first)
+    return [torch.from_numpy(np.flatnonzero(inverse.reshape(-1) == group)) for group in order]
+
+
+def _describe(x: Any) -> str:
+    if isinstance(x, torch.Tensor):
+        return f"tensor of shape {tuple(x.shape)} and dtype {x.dtype}"
+    return type(x).__name__
