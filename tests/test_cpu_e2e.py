@@ -25,10 +25,12 @@ from pathlib import Path
 
 import pytest
 
+from verl_group_ppo import taskdir
 from verl_group_ppo.tinytask import prepare as prep
 from verl_group_ppo import logs as summarize_log
 from verl_group_ppo.config import GroupParams
-from verl_group_ppo.tinytask.reward import compute_score, data_source_for, task_for
+from verl_group_ppo.reward import compute_score  # the one reward function, which hands these rows to tinytask.reward
+from verl_group_ppo.tinytask.reward import data_source_for, task_for
 from verl_group_ppo.tinytask.tasks import make_task, split_problems
 
 REPO = Path(__file__).resolve().parents[1]
@@ -136,8 +138,9 @@ def test_prepare_writes_outputs_and_skips_when_cached(tmp_path, monkeypatch):
     train = pd.read_parquet(tmp_path / "data" / "train.parquet")
     assert len(train) == 100 and set(train.columns) >= {"data_source", "prompt", "reward_model", "extra_info"}
     assert len(pd.read_parquet(tmp_path / "data" / "test.parquet")) == 8
-    assert {"config.json", "model.safetensors", "vocab.json", "merges.txt", "tokenizer_config.json",
-            prep.KEY_FILE} <= set(os.listdir(tmp_path / "model"))
+    assert {"config.json", "model.safetensors", "vocab.json", "merges.txt",
+            "tokenizer_config.json"} <= set(os.listdir(tmp_path / "model"))
+    assert json.loads((tmp_path / taskdir.KEY_FILE).read_text()) == info
 
     def fail(*args, **kwargs):
         raise AssertionError("the warm start ran again although the outputs were cached")
@@ -154,7 +157,7 @@ def test_prepare_refuses_a_warm_start_without_room(tmp_path):
     settings = prep.PrepareSettings(warmstart_steps=2, warmstart_batch_size=8, n_train=100, n_test=8)
     with pytest.raises(RuntimeError, match="--warmstart-steps.*--warmstart-slip-prob"):
         prep.prepare(str(tmp_path), settings, log=lambda m: None)
-    assert not (tmp_path / "model" / prep.KEY_FILE).exists()
+    assert not (tmp_path / taskdir.KEY_FILE).exists() and not (tmp_path / "model").exists()
 
 
 def test_summarize_log_reads_verl_console_metrics():
@@ -170,16 +173,29 @@ def test_summarize_log_reads_verl_console_metrics():
         summarize_log.reward_rise(steps, window=3)
 
 
-def _launcher_args(tmp_path: Path, *extra: str) -> list[str]:
-    """The arguments common.sh hands to the interpreter, through a stub PYTHON (no verl run)."""
-    (tmp_path / "model").mkdir(exist_ok=True)
-    (tmp_path / "model" / "prepare.json").write_text("{}")  # prepared: the launcher skips prepare
-    stub = tmp_path / "python"
-    stub.write_text('#!/bin/sh\nprintf "%s\\n" "$@" > "$(dirname "$0")/args.txt"\n')
+def stub_python(directory: Path) -> Path:
+    """A stand-in interpreter for the launcher: it appends each call's arguments, then a ``----`` line, to
+    ``directory/calls.txt`` instead of running them; the task spec (``-m verl_group_ppo.task_specs``) it hands to
+    this interpreter, as the launcher reads its variables from it."""
+    stub = directory / "python"
+    stub.write_text(f'#!/bin/sh\n[ "$2" = verl_group_ppo.task_specs ] && exec {sys.executable} "$@"\n'
+                    'printf "%s\\n" "$@" ---- >> "$(dirname "$0")/calls.txt"\n')
     stub.chmod(0o755)
-    env = {**os.environ, "WORK_DIR": str(tmp_path), "PYTHON": str(stub)}
+    return stub
+
+
+def stub_calls(directory: Path) -> list[list[str]]:
+    """The calls :func:`stub_python` recorded, in order."""
+    return [call.splitlines() for call in (directory / "calls.txt").read_text().split("----\n") if call]
+
+
+def _launcher_args(tmp_path: Path, *extra: str) -> list[str]:
+    """The arguments common.sh hands to the interpreter for main_ppo, through a stub PYTHON (no prepare, no verl
+    run)."""
+    (tmp_path / "calls.txt").unlink(missing_ok=True)
+    env = {**os.environ, "WORK_DIR": str(tmp_path), "PYTHON": str(stub_python(tmp_path))}
     subprocess.run(["bash", str(LAUNCHER), "group_ppo", *extra], env=env, check=True, capture_output=True)
-    return (tmp_path / "args.txt").read_text().splitlines()
+    return stub_calls(tmp_path)[-1]
 
 
 @pytest.mark.slow
@@ -281,15 +297,13 @@ def test_multiturn_launcher_builds_a_model_vllm_can_serve_for_the_vllm_rollout(t
     root = tmp_path / "repo"
     (root / "examples" / "cpu").mkdir(parents=True)
     shutil.copy(LAUNCHER, root / "examples" / "cpu" / "common.sh")
-    stub = tmp_path / "python"
-    stub.write_text('#!/bin/sh\nprintf "%s\\n" "$@" ---- >> "$(dirname "$0")/calls.txt"\n')
-    stub.chmod(0o755)
+    stub = stub_python(tmp_path)
     env = {**{k: v for k, v in os.environ.items() if k != "WORK_DIR"}, "PYTHON": str(stub), "MULTI_TURN": "1"}
     extra = [f"actor_rollout_ref.rollout.name={rollout}"] if rollout else []
     proc = subprocess.run(["bash", str(root / "examples" / "cpu" / "common.sh"), "group_ppo", *extra], env=env,
                           capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0, proc.stderr
-    prepare = (tmp_path / "calls.txt").read_text().split("----\n")[0].splitlines()
+    prepare = stub_calls(tmp_path)[0]
     assert prepare == ["-m", "verl_group_ppo.tinytask.prepare", "--output-dir", str(root / "runs" / work_dir), "--tools",
                        *model_args]
     assert ("the tool task on the small model" in proc.stdout) == (rollout == "vllm")
@@ -298,11 +312,10 @@ def test_multiturn_launcher_builds_a_model_vllm_can_serve_for_the_vllm_rollout(t
 @pytest.mark.slow
 @pytest.mark.parametrize("bad", ["0", "3", "two", "-2"])
 def test_launcher_rejects_a_rank_count_that_does_not_divide_the_batch(tmp_path, bad):
-    env = {**os.environ, "WORK_DIR": str(tmp_path), "PYTHON": "false", "N_RANKS": bad}
-    (tmp_path / "model").mkdir()
-    (tmp_path / "model" / "prepare.json").write_text("{}")
+    env = {**os.environ, "WORK_DIR": str(tmp_path), "PYTHON": str(stub_python(tmp_path)), "N_RANKS": bad}
     proc = subprocess.run(["bash", str(LAUNCHER), "group_ppo"], env=env, capture_output=True, text=True, timeout=30)
     assert proc.returncode == 2 and "N_RANKS" in proc.stderr, proc.stderr
+    assert not (tmp_path / "calls.txt").exists()  # stopped before prepare
 
 
 # ---------------------------------------------------------------------------------------- end-to-end
@@ -328,8 +341,9 @@ def run_main_ppo(work_dir: Path, estimator: str, *overrides: str, timeout: int =
 
 def run_main_ppo_logged(work_dir: Path, estimator: str, *overrides: str,
                         timeout: int = 600) -> tuple[dict[int, dict[str, float]], str]:
-    """:func:`run_main_ppo`, also returning the run's output (stdout + stderr)."""
-    env = {**os.environ, "WORK_DIR": str(work_dir), "PYTHON": sys.executable,
+    """:func:`run_main_ppo`, also returning the run's output (stdout + stderr). ``work_dir`` holds the task prepared
+    with :data:`TINY`, so the launcher runs without its prepare (``PREPARE=0``)."""
+    env = {**os.environ, "WORK_DIR": str(work_dir), "PYTHON": sys.executable, "PREPARE": "0",
            "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
     proc = subprocess.run(["bash", str(LAUNCHER), estimator, *SMALL, *overrides], env=env, capture_output=True,
                           text=True, timeout=timeout)

@@ -67,9 +67,8 @@ def test_validate_config_runs_the_check_for_group_ppo_before_ray(monkeypatch):
 
 @pytest.mark.slow
 def test_cpu_launcher_refuses_ulysses_before_ray_starts(tmp_path):
-    (tmp_path / "model").mkdir()
-    (tmp_path / "model" / "prepare.json").write_text("{}")  # prepared: the launcher goes straight to main_ppo
-    env = {**os.environ, "WORK_DIR": str(tmp_path), "PYTHON": sys.executable, "N_RANKS": "2",
+    # PREPARE=0: the launcher goes straight to main_ppo
+    env = {**os.environ, "WORK_DIR": str(tmp_path), "PYTHON": sys.executable, "N_RANKS": "2", "PREPARE": "0",
            "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
     proc = subprocess.run(
         ["bash", str(REPO / "examples" / "cpu" / "common.sh"), "group_ppo",

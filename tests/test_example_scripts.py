@@ -422,3 +422,74 @@ def test_plugin_startup_checks_reject_bad_group_ppo_settings(override, key, stub
     )
     with pytest.raises(ValueError, match=key):
         main_ppo_checks(cfg)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The CPU launcher (examples/cpu/common.sh): one list of settings that reads the task's spec
+
+CPU_LAUNCHER = REPO / "examples" / "cpu" / "common.sh"
+CPU_TASKS = [("tiny", "0"), ("tiny", "1"), ("smollm2", "0")]
+
+
+def cpu_launcher_command(tmp_path: Path, task: str, multi_turn: str, estimator: str, *extra: str) -> list[list[str]]:
+    """Every interpreter call the CPU launcher makes (prepare, then main_ppo), through a stub PYTHON that records
+    them and runs only the task spec's ``python -m verl_group_ppo.task_specs`` (the launcher reads its variables)."""
+    import sys
+
+    calls = tmp_path / "calls.txt"
+    calls.unlink(missing_ok=True)
+    stub = tmp_path / "python"
+    stub.write_text(f'#!/bin/sh\n[ "$2" = verl_group_ppo.task_specs ] && exec {sys.executable} "$@"\n'
+                    f'printf "%s\\n" "$@" ---- >> {calls}\n')
+    stub.chmod(0o755)
+    env = {**os.environ, "TASK": task, "MULTI_TURN": multi_turn, "WORK_DIR": str(tmp_path / "work"),
+           "PYTHON": str(stub)}
+    proc = subprocess.run(["bash", str(CPU_LAUNCHER), estimator, *extra], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return [call.splitlines() for call in calls.read_text().split("----\n") if call]
+
+
+def hydra_key(override: str) -> str:
+    """The key an override sets: ``++a.b=1``, ``+a.b=1``, ``~a.b`` and ``a.b=1`` all set ``a.b``."""
+    return override.lstrip("~+").split("=", 1)[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task,multi_turn", CPU_TASKS)
+@pytest.mark.parametrize("estimator", list(ESTIMATORS))
+def test_cpu_launcher_sets_no_key_twice_and_takes_the_numbers_from_the_spec(task, multi_turn, estimator, tmp_path):
+    from verl_group_ppo.task_specs import REWARD, spec_for
+
+    spec = spec_for(task, multi_turn)
+    prepare, main = cpu_launcher_command(tmp_path, task, multi_turn, estimator)
+    assert prepare == ["-m", spec.prepare_module, "--output-dir", str(tmp_path / "work"), *spec.prepare_args]
+    assert main[:2] == ["-m", "verl.trainer.main_ppo"]
+    keys = [hydra_key(o) for o in main[2:]]
+    assert sorted(k for k in set(keys) if keys.count(k) > 1) == []
+    given = dict(o.lstrip("+").split("=", 1) for o in main[2:])
+    assert given["reward.custom_reward_function.path"] == REWARD
+    assert given["trainer.experiment_name"] == f"{spec.name}_{estimator}"
+    assert int(given["data.max_response_length"]) == spec.response_length
+    assert int(given["data.max_prompt_length"]) == spec.prompt_length
+    assert int(given["trainer.total_training_steps"]) == spec.steps
+    assert int(given["critic.ppo_mini_batch_size"]) * spec.rollout_n >= spec.rank_unit
+    assert float(given["actor_rollout_ref.actor.optim.lr"]) == spec.actor_lr
+    assert ("actor_rollout_ref.rollout.multi_turn.enable" in given) == spec.multi_turn
+    # the user's overrides come last, so they win
+    _, main = cpu_launcher_command(tmp_path, task, multi_turn, estimator, "trainer.total_training_steps=2")
+    assert main[-1] == "trainer.total_training_steps=2"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("env,message", [({"TASK": "big"}, "TASK"), ({"TASK": "smollm2", "MULTI_TURN": "1"}, "MULTI_TURN"),
+                                         ({"MULTI_TURN": "2"}, "MULTI_TURN"), ({"PREPARE": "yes"}, "PREPARE")])
+def test_cpu_launcher_refuses_a_task_it_does_not_know(env, message, tmp_path):
+    stub = tmp_path / "python"
+    stub.write_text('#!/bin/sh\n[ "$2" = verl_group_ppo.task_specs ] && exec "$REAL_PYTHON" "$@"\nexit 0\n')
+    stub.chmod(0o755)
+    import sys
+
+    full_env = {**os.environ, "WORK_DIR": str(tmp_path / "w"), "PYTHON": str(stub), "REAL_PYTHON": sys.executable, **env}
+    proc = subprocess.run(["bash", str(CPU_LAUNCHER), "gae"], env=full_env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr

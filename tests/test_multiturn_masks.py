@@ -223,7 +223,7 @@ def test_multiturn_main_ppo_two_steps_through_verls_tool_agent_loop(tool_task, t
     from test_cpu_e2e import SMALL, summarize_log
 
     dump = tmp_path / "dump"
-    env = {**os.environ, "WORK_DIR": str(tool_task), "PYTHON": sys.executable, "MULTI_TURN": "1",
+    env = {**os.environ, "WORK_DIR": str(tool_task), "PYTHON": sys.executable, "MULTI_TURN": "1", "PREPARE": "0",
            "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
     proc = subprocess.run(["bash", str(REPO / "examples" / "cpu" / "common.sh"), "group_ppo", *SMALL,
                            f"trainer.rollout_data_dir={dump}"], env=env, capture_output=True, text=True, timeout=900)

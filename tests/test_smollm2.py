@@ -9,9 +9,10 @@ from fractions import Fraction
 
 import pytest
 
+from verl_group_ppo import taskdir
 from verl_group_ppo.smollm2 import answers, checkpoint, questions, sympy_shim
 from verl_group_ppo.smollm2 import prepare as prep
-from verl_group_ppo.smollm2.reward import compute_score
+from verl_group_ppo.reward import compute_score  # the one reward function, which hands these rows to smollm2.reward
 from verl_group_ppo.smollm2.task import DATA_SOURCE, PROMPTS, MathTask
 from verl_group_ppo_testutils_smollm2 import SPECIAL_TOKENS, write_tiny_gguf
 
@@ -245,12 +246,12 @@ def test_prepare_writes_the_rows_once_and_rebuilds_the_data_only_when_a_setting_
     assert questions[0] and not questions[0] & questions[1]
     assert info["test_accuracy"]["sampled"]["replies"] == 16 and 0.0 <= info["test_accuracy"]["greedy"]["correct"] <= 1
     assert 10 < info["longest_prompt"] <= settings.max_prompt_length
-    assert json.loads((tmp_path / "data" / prep.KEY_FILE).read_text())["settings"]["n_test"] == 8
-    assert prep.is_prepared(str(tmp_path), settings)
+    assert json.loads((tmp_path / taskdir.KEY_FILE).read_text())["settings"]["n_test"] == 8
+    assert taskdir.is_prepared(str(tmp_path), settings, prep.FORMAT_VERSION)
     prep.prepare(str(tmp_path), settings, log=lambda m: None)
     assert len(tiny_prepare) == 1  # nothing redone
     changed = prep.PrepareSettings(**{**settings.__dict__, "n_test": 6})
-    assert not prep.is_prepared(str(tmp_path), changed)
+    assert not taskdir.is_prepared(str(tmp_path), changed, prep.FORMAT_VERSION)
     prep.prepare(str(tmp_path), changed, log=lambda m: None)
     assert len(tiny_prepare) == 1 and len(pd.read_parquet(tmp_path / "data" / "test.parquet")) == 6
 
@@ -260,7 +261,7 @@ def test_prepare_stops_when_the_sampled_accuracy_is_outside_the_band(tiny_prepar
                                     min_sampled_accuracy=0.5)
     with pytest.raises(RuntimeError, match=r"outside \[--min-sampled-accuracy 0.5, --max-sampled-accuracy 0.6\]"):
         prep.prepare(str(tmp_path), settings, log=lambda m: None)
-    assert not (tmp_path / "data" / prep.KEY_FILE).exists()
+    assert not (tmp_path / taskdir.KEY_FILE).exists()
 
 
 def test_prepare_refuses_prompts_longer_than_the_launchers_prompt_length(tiny_prepare, tmp_path):

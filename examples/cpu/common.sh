@@ -16,24 +16,31 @@
 # Environment:
 #   TASK      tiny (default): the tiny task (a 0.56M-parameter model built by tinytask.prepare); smollm2: the
 #             real-model task, SmolLM2-135M-Instruct (4-bit GGUF weights converted once) on DeepMind's
-#             mathematics questions (`python -m verl_group_ppo.smollm2.prepare` builds WORK_DIR, default
-#             runs/cpu-smollm2; the settings it changes are under "The real-model task" below; docs/smollm2.md)
+#             mathematics questions (docs/smollm2.md)
 #   MULTI_TURN  1: the tiny tool task through verl's tool agent loop (multi_turn.enable, the `tool_agent`
 #             loop, the `add` function tool and the `tinycalc` call format; responses of up to 96 tokens,
-#             tool replies masked); default 0: the single-turn tiny task
-#   WORK_DIR  the tiny task's directory (default runs/cpu-tiny, with MULTI_TURN=1 runs/cpu-tiny-tools, under
-#             the repository root); when WORK_DIR/model/prepare.json is missing,
-#             `python -m verl_group_ppo.tinytask.prepare [--tools]` builds WORK_DIR/model and
-#             WORK_DIR/data/{train,test}.parquet there first (about 3-10 min). With MULTI_TURN=1 and
-#             actor_rollout_ref.rollout.name=vllm the default is runs/cpu-tiny-tools-small, the tool task on the
-#             `small` model (`prepare --tools --model-size small`): the tool task's `tiny` model has attention
-#             heads of 16 dimensions, which vLLM's CPU attention does not serve
+#             tool replies masked); default 0: the single-turn task
+#   Each task's numbers (prompt and reply length, prompts per step, responses per prompt, steps, learning rates,
+#   mini-batches, validation, threads, WORK_DIR) are its spec's: `python -m verl_group_ppo.task_specs shell TASK
+#   MULTI_TURN` prints them as the variables this script reads in its one list of settings.
+#   WORK_DIR  the task's directory (default: the spec's, under the repository root: runs/cpu-tiny,
+#             runs/cpu-tiny-tools with MULTI_TURN=1, runs/cpu-smollm2). Every run first calls the task's
+#             prepare (`python -m verl_group_ppo.tinytask.prepare [--tools]` or `verl_group_ppo.smollm2.prepare`
+#             --output-dir WORK_DIR), which builds WORK_DIR/model and WORK_DIR/data/{train,test}.parquet and
+#             its key file WORK_DIR/data/prepare.json (minutes), and does nothing (seconds) when the key file
+#             holds the same settings. With MULTI_TURN=1 and actor_rollout_ref.rollout.name=vllm the default is
+#             runs/cpu-tiny-tools-small, the tool task on the `small` model (`prepare --tools --model-size
+#             small`): the tool task's `tiny` model has attention heads of 16 dimensions, which vLLM's CPU
+#             attention does not serve
+#   PREPARE   0: use WORK_DIR as it is, without calling prepare (a task prepared with other settings, e.g.
+#             from Python); default 1
 #   PYTHON    interpreter with verl and verl-group-ppo (default: the repository's .venv/bin/python
 #             when present, else python3)
 #   NICE      nice level of the run (default 5: the run yields to interactive work)
 #   N_RANKS   trainer ranks (CPU processes, one per "GPU" verl sees; default 1): sets trainer.n_gpus_per_node
-#             and ++ray_kwargs.ray_init.num_gpus; must divide 64 (the critic's mini-batch in responses), and
-#             the per-rank micro-batch becomes min(32, 64 / N_RANKS) responses so every mini-batch divides
+#             and ++ray_kwargs.ray_init.num_gpus; must divide the task's smallest mini-batch in responses (64
+#             for the tiny task, 32 for smollm2), and the per-rank micro-batch becomes min(32, that / N_RANKS)
+#             responses so every mini-batch divides
 #
 # Settings the launcher leaves out when an extra override sets them, by key (a leading +, ++ or ~ is
 # ignored; only the key before = counts, never the value):
@@ -103,77 +110,69 @@ esac
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 TASK=${TASK:-tiny}
 MULTI_TURN=${MULTI_TURN:-0}
-case "$TASK:$MULTI_TURN" in
-  tiny:0) WORK_DIR=${WORK_DIR:-$repo/runs/cpu-tiny}; response_length=24; prepare_args=() ;;
-  tiny:1) if [ "$(override_value actor_rollout_ref.rollout.name)" = vllm ]; then
-       # vLLM's CPU attention serves heads of 32 dimensions and up; the tool task's tiny model has 16
-       WORK_DIR=${WORK_DIR:-$repo/runs/cpu-tiny-tools-small}; prepare_args=(--tools --model-size small)
-       echo "[launcher] rollout.name=vllm with MULTI_TURN=1: the tool task on the small model (WORK_DIR=$WORK_DIR)"
-     else
-       WORK_DIR=${WORK_DIR:-$repo/runs/cpu-tiny-tools}; prepare_args=(--tools)
-     fi
-     response_length=96 ;;
-  smollm2:0) WORK_DIR=${WORK_DIR:-$repo/runs/cpu-smollm2}; response_length=16; prompt_length=48; prepare_args=() ;;
-  smollm2:*) echo "common.sh: TASK=smollm2 is single-turn (MULTI_TURN=0)" >&2; exit 2 ;;
-  tiny:*) echo "common.sh: MULTI_TURN='$MULTI_TURN' must be 0 or 1" >&2; exit 2 ;;
-  *) echo "common.sh: TASK='$TASK' must be tiny or smollm2" >&2; exit 2 ;;
-esac
-mkdir -p "$WORK_DIR"
-WORK_DIR=$(cd "$WORK_DIR" && pwd)
-N_RANKS=${N_RANKS:-1}
-if ! [[ "$N_RANKS" =~ ^[1-9][0-9]*$ ]] || [ $((64 % N_RANKS)) -ne 0 ]; then
-  echo "common.sh: N_RANKS='$N_RANKS' must be a positive integer dividing 64 (the critic's mini-batch)" >&2
-  exit 2
-fi
 if [ -z "${PYTHON:-}" ]; then
   if [ -x "$repo/.venv/bin/python" ]; then PYTHON=$repo/.venv/bin/python; else PYTHON=python3; fi
 fi
-
-if [ "$TASK" = smollm2 ]; then
-  # every time: it does nothing (in seconds) when WORK_DIR already holds the task for these settings
-  "$PYTHON" -m verl_group_ppo.smollm2.prepare --output-dir "$WORK_DIR" --response-length "$response_length" \
-    --max-prompt-length "$prompt_length"
-elif [ ! -f "$WORK_DIR/model/prepare.json" ]; then
-  "$PYTHON" -m verl_group_ppo.tinytask.prepare --output-dir "$WORK_DIR" ${prepare_args[@]+"${prepare_args[@]}"}
+# The task's spec as shell variables (spec_name, default_work_dir, prepare_module, prepare_args, reward_path,
+# project, prompt_length, response_length, train_batch, rollout_n, steps, actor_lr, critic_lr, actor_mini_batch,
+# critic_mini_batch, rank_unit, val_before_train, test_freq, threads, max_assistant_turns; tool_file when
+# multi-turn). A TASK or MULTI_TURN that names no task stops here.
+spec=$("$PYTHON" -m verl_group_ppo.task_specs shell "$TASK" "$MULTI_TURN") || exit 2
+eval "$spec"
+if [ "$MULTI_TURN" = 1 ] && [ "$(override_value actor_rollout_ref.rollout.name)" = vllm ]; then
+  # vLLM's CPU attention serves heads of 32 dimensions and up; the tool task's tiny model has 16
+  default_work_dir=$default_work_dir-small
+  prepare_args+=(--model-size small)
+  echo "[launcher] rollout.name=vllm with MULTI_TURN=1: the tool task on the small model (WORK_DIR=${WORK_DIR:-$repo/$default_work_dir})"
 fi
+WORK_DIR=${WORK_DIR:-$repo/$default_work_dir}
+mkdir -p "$WORK_DIR"
+WORK_DIR=$(cd "$WORK_DIR" && pwd)
+N_RANKS=${N_RANKS:-1}
+if ! [[ "$N_RANKS" =~ ^[1-9][0-9]*$ ]] || [ $((rank_unit % N_RANKS)) -ne 0 ]; then
+  echo "common.sh: N_RANKS='$N_RANKS' must be a positive integer dividing $rank_unit (the $spec_name task's smallest" \
+       "mini-batch in responses)" >&2
+  exit 2
+fi
+
+case "${PREPARE:-1}" in
+  # every run: prepare does nothing (in seconds) when WORK_DIR already holds the task for these settings
+  1) "$PYTHON" -m "$prepare_module" --output-dir "$WORK_DIR" ${prepare_args[@]+"${prepare_args[@]}"} ;;
+  0) ;;
+  *) echo "common.sh: PREPARE='$PREPARE' must be 0 or 1" >&2; exit 2 ;;
+esac
 
 # Multi-turn: verl's ToolAgentLoop for every row (the rows name it too), the calculator as a function tool
 # (a file verl executes; it also registers the tinycalc call format), one call per turn.
 multi_turn=()
 if [ "$MULTI_TURN" = 1 ]; then
-  tool_file=$("$PYTHON" -c 'import importlib.util as u; print(u.find_spec("verl_group_ppo.tinytask.calculator_tool").origin)')
   multi_turn=(
     actor_rollout_ref.rollout.multi_turn.enable=True
     actor_rollout_ref.rollout.multi_turn.format=tinycalc
     actor_rollout_ref.rollout.multi_turn.function_tool_path="$tool_file"
-    actor_rollout_ref.rollout.multi_turn.max_assistant_turns=6
+    actor_rollout_ref.rollout.multi_turn.max_assistant_turns=$max_assistant_turns
     actor_rollout_ref.rollout.multi_turn.max_parallel_calls=1
     actor_rollout_ref.rollout.agent.default_agent_loop=tool_agent
-    trainer.experiment_name="tiny_multiturn_$estimator"
   )
 fi
 
 # The one switch: verl-group-ppo's plugin installs its CPU backend (platform, hf rollout, ...) in the
 # driver and in every Ray worker when VERL_PLATFORM=cpu.
 export VERL_PLATFORM=cpu
-# One thread per process: the driver, the trainer workers and the rollout server share the cores. The real model
-# (TASK=smollm2) computes mostly in one process at a time, which then uses 2 threads.
-threads=1
-[ "$TASK" = smollm2 ] && threads=2
+# Threads per process (the spec's): the tiny task's driver, trainer workers and rollout server share the cores with
+# one thread each; the real model computes mostly in one process at a time, which then uses 2.
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$threads} MKL_NUM_THREADS=${MKL_NUM_THREADS:-$threads} TOKENIZERS_PARALLELISM=false
 export WANDB_MODE=${WANDB_MODE:-disabled} HYDRA_FULL_ERROR=1 RAY_DEDUP_LOGS=0
 
-# Per step: 32 prompts x 4 responses = 128 responses; one actor update per step, 2 critic updates of 64.
-# Micro-batches (responses per rank) must divide every mini-batch: 32 does for any batch of 8k prompts x 4 on
-# one rank; on N_RANKS ranks the critic's 64 responses split into 64 / N_RANKS per rank.
-# 40 steps: on the model `prepare` builds (the demo's small model), the demo's RL loop with this shape raised the
-# reward by +0.07 to +0.20 (first to last 10 of 40 steps; 3 warm-start seeds x 4 RL seeds), and verl by +0.052 to
-# +0.114 (three runs of these settings; run-to-run spread from how the rollout's batches form); docs/cpu.md.
-train_batch=32
-rollout_n=4
-micro_batch=$((64 / N_RANKS < 32 ? 64 / N_RANKS : 32))
-steps=40
-
+# Per step: train_batch prompts x rollout_n responses, the actor updated in mini-batches of actor_mini_batch prompts
+# and the critic in mini-batches of critic_mini_batch prompts (tiny: 32 x 4 = 128 responses, one actor update and
+# two critic updates of 16 prompts; smollm2: 16 x 4 = 64 responses, two actor and two critic updates of 8 prompts).
+# Micro-batches (responses per rank) must divide every mini-batch: min(32, rank_unit / N_RANKS) does.
+# The tiny task's 40 steps: on the model `prepare` builds (the demo's small model), the demo's RL loop with this shape
+# raised the reward by +0.07 to +0.20 (first to last 10 of 40 steps; 3 warm-start seeds x 4 RL seeds), and verl by
+# +0.052 to +0.114 (three runs of these settings; run-to-run spread from how the rollout's batches form); docs/cpu.md.
+# The real model's shape was chosen by benchmarks/bench_smollm2_speed.py (docs/smollm2.md, "Speed").
+micro_batch=$((rank_unit / N_RANKS < 32 ? rank_unit / N_RANKS : 32))
 # verl's replay buffer polled every 0.2 s instead of 2 s (verl_group_ppo/cpu/sampler.py). verl hands a custom
 # sampler no DAPO / failed-group refill settings, so it is left out when the run asks for those.
 if has_key_prefix algorithm.filter_groups || has_key trainer.v1.sampler.sync_refill_failed_groups ||
@@ -200,13 +199,13 @@ shared=(
   data.val_files="$WORK_DIR/data/test.parquet"
   data.train_batch_size=$train_batch
   data.val_batch_size=64
-  data.max_prompt_length=32
+  data.max_prompt_length=$prompt_length
   data.max_response_length=$response_length
   data.dataloader_num_workers=0
   algorithm.gamma=1.0
   algorithm.lam=1.0
   algorithm.use_kl_in_reward=False
-  reward.custom_reward_function.path=pkg://verl_group_ppo.tinytask.reward
+  reward.custom_reward_function.path=$reward_path
   reward.custom_reward_function.name=compute_score
   reward.num_workers=1
   actor_rollout_ref.model.path="$WORK_DIR/model"
@@ -219,8 +218,8 @@ shared=(
   ++actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=fp32
   actor_rollout_ref.actor.use_torch_compile=False
   actor_rollout_ref.actor.fsdp_config.use_torch_compile=False
-  actor_rollout_ref.actor.optim.lr=2e-4
-  actor_rollout_ref.actor.ppo_mini_batch_size=$train_batch
+  actor_rollout_ref.actor.optim.lr=$actor_lr
+  actor_rollout_ref.actor.ppo_mini_batch_size=$actor_mini_batch
   actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=$micro_batch
   actor_rollout_ref.actor.entropy_coeff=0
   actor_rollout_ref.actor.use_kl_loss=False
@@ -238,20 +237,20 @@ shared=(
   critic.strategy=fsdp2
   ++critic.fsdp.mixed_precision.param_dtype=fp32
   critic.fsdp.use_torch_compile=False
-  critic.optim.lr=1e-3
-  critic.ppo_mini_batch_size=$((train_batch / 2))
+  critic.optim.lr=$critic_lr
+  critic.ppo_mini_batch_size=$critic_mini_batch
   critic.ppo_micro_batch_size_per_gpu=$micro_batch
   trainer.critic_warmup=0
   trainer.device=cpu
   trainer.n_gpus_per_node=$N_RANKS
   trainer.nnodes=1
   trainer.logger=[console]
-  trainer.project_name=verl_group_ppo_cpu_tiny
-  trainer.experiment_name="tiny_$estimator"
+  trainer.project_name=$project
+  trainer.experiment_name="${spec_name}_$estimator"
   trainer.total_epochs=100
   trainer.total_training_steps=$steps
-  trainer.val_before_train=False
-  trainer.test_freq=-1
+  trainer.val_before_train=$val_before_train
+  trainer.test_freq=$test_freq
   trainer.save_freq=1000000
   trainer.resume_mode=disable
   trainer.default_local_dir="$WORK_DIR/checkpoints/$estimator"
@@ -261,34 +260,7 @@ shared=(
   transfer_queue.backend.SimpleStorage.num_data_storage_units=1
 )
 
-# The real-model task (TASK=smollm2): what differs from the settings above. Both models are SmolLM2-135M-Instruct
-# (the critic's value head is new); the reward is exact match of the final answer; verl validates greedily on the
-# test split before training and after the last step (val-core/*).
-task_settings=()
-if [ "$TASK" = smollm2 ]; then
-  # Chosen by benchmarks/bench_smollm2_speed.py (docs/smollm2.md, "Speed"): 2 threads in one process beat 1 thread
-  # in two ranks, the hf rollout matched vLLM's fp32 rollout within the machine's drift and starts 55 s sooner,
-  # 16 prompts a step cost 0.72x the seconds per response of 8. Two actor and two critic updates a step (8 prompts
-  # x 4 responses each); 20 steps: the launcher, prepare and both validations included, takes about 35 minutes.
-  sm_batch=16
-  sm_steps=20
-  task_settings=(
-    data.train_batch_size=$sm_batch
-    data.max_prompt_length=$prompt_length
-    reward.custom_reward_function.path=pkg://verl_group_ppo.smollm2.reward
-    actor_rollout_ref.actor.optim.lr=1e-5
-    actor_rollout_ref.actor.ppo_mini_batch_size=$((sm_batch / 2))
-    critic.optim.lr=5e-5
-    critic.ppo_mini_batch_size=$((sm_batch / 2))
-    trainer.total_training_steps=$sm_steps
-    trainer.val_before_train=True
-    trainer.test_freq=$sm_steps
-    trainer.project_name=verl_group_ppo_cpu_smollm2
-    trainer.experiment_name="smollm2_$estimator"
-  )
-fi
-
 cd "$WORK_DIR"
 set -x
-exec nice -n "${NICE:-5}" "$PYTHON" -m verl.trainer.main_ppo "${shared[@]}" ${task_settings[@]+"${task_settings[@]}"} \
+exec nice -n "${NICE:-5}" "$PYTHON" -m verl.trainer.main_ppo "${shared[@]}" \
   "${sampler[@]}" "${bypass[@]}" "${specific[@]}" ${multi_turn[@]+"${multi_turn[@]}"} "$@"

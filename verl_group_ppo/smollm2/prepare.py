@@ -21,36 +21,37 @@ rise. A second call with the same settings finds ``prepare.json`` and does nothi
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import time
-from dataclasses import asdict, dataclass, fields
-from typing import Any, Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Callable, Sequence
 
+from .. import taskdir
+from ..taskdir import setting
 from .task import DEFAULT_PROMPT, MathTask
 
 FORMAT_VERSION = 2
-KEY_FILE = "prepare.json"
-#: the modules and reply length the task-choice rule picked (docs/smollm2.md, "How the task was chosen")
+#: the modules the task-choice rule picked (docs/smollm2.md, "How the task was chosen")
 DEFAULT_MODULES = "comparison.pair,numbers.is_factor,numbers.is_prime"
-DEFAULT_RESPONSE_LENGTH = 16
 
 
 @dataclass(frozen=True)
 class PrepareSettings:
-    """Everything the data and the accuracy check depend on (the cache key)."""
+    """Everything the data and the accuracy check depend on (the cache key). The reply length, the prompt length and
+    the accuracy band are the task's (the launcher and the benchmarks read them through
+    :data:`verl_group_ppo.task_specs.SMOLLM2`); the reply length and the band are the task-choice rule's."""
 
-    modules: str = DEFAULT_MODULES  # comma-separated module names (verl_group_ppo.smollm2.questions.MODULES)
-    difficulty: str = "train-easy"  # the third of each module's entropy range the questions come from
-    prompt: str = DEFAULT_PROMPT  # how a question is asked (verl_group_ppo.smollm2.task.PROMPTS)
-    n_train: int = 4000  # training questions drawn (fewer after removing any that are test questions)
-    n_test: int = 128  # test questions (verl's validation set)
-    seed: int = 0  # the test split's draws use it, the training split's seed + 1
-    response_length: int = DEFAULT_RESPONSE_LENGTH  # the check's reply length (the launchers' max_response_length)
-    max_prompt_length: int = 48  # refuse questions whose prompt is longer in tokens (the launchers' max_prompt_length)
-    check_samples: int = 2  # sampled replies per test question in the accuracy check
-    min_sampled_accuracy: float = 0.10  # refuse a task the model samples fewer correct answers on
-    max_sampled_accuracy: float = 0.60  # refuse a task the model samples more correct answers on
+    modules: str = setting(DEFAULT_MODULES, "comma-separated module names (verl_group_ppo.smollm2.questions.MODULES)")
+    difficulty: str = setting("train-easy", "the third of each module's entropy range the questions come from")
+    prompt: str = setting(DEFAULT_PROMPT, "how a question is asked (verl_group_ppo.smollm2.task.PROMPTS)")
+    n_train: int = setting(4000, "training questions drawn (fewer after removing any that are test questions)")
+    n_test: int = setting(128, "test questions (verl's validation set)")
+    seed: int = setting(0, "the test split's draws use it, the training split's seed + 1")
+    response_length: int = setting(16, "the check's reply length in tokens (the launcher's max_response_length)")
+    max_prompt_length: int = setting(48, "refuse a question whose prompt is longer in tokens (the launcher's "
+                                         "max_prompt_length)")
+    check_samples: int = setting(2, "sampled replies per test question in the accuracy check")
+    min_sampled_accuracy: float = setting(0.10, "refuse a task the model samples fewer correct answers on")
+    max_sampled_accuracy: float = setting(0.60, "refuse a task the model samples more correct answers on")
 
     def __post_init__(self) -> None:
         for name in ("n_train", "n_test", "response_length", "max_prompt_length", "check_samples"):
@@ -63,29 +64,6 @@ class PrepareSettings:
 
     def task(self) -> MathTask:
         return MathTask(tuple(m.strip() for m in self.modules.split(",")), self.difficulty, self.prompt)
-
-
-def is_prepared(output_dir: str, settings: PrepareSettings) -> bool:
-    """True when ``output_dir`` holds the model and the data built with ``settings`` by this format version."""
-    key_path = os.path.join(output_dir, "data", KEY_FILE)
-    needed = [os.path.join(output_dir, "model", "config.json"), key_path,
-              *(os.path.join(output_dir, "data", f"{s}.parquet") for s in ("train", "test"))]
-    if not all(os.path.exists(p) for p in needed):
-        return False
-    with open(key_path) as f:
-        saved = json.load(f)
-    return saved.get("format_version") == FORMAT_VERSION and saved.get("settings") == asdict(settings)
-
-
-def write_data(task: MathTask, train, test, data_dir: str) -> None:
-    """The two parquet files in verl's row format, each written to a temporary name and moved in place."""
-    import pandas as pd
-
-    os.makedirs(data_dir, exist_ok=True)
-    for split, items in (("train", train), ("test", test)):
-        path = os.path.join(data_dir, f"{split}.parquet")
-        pd.DataFrame([task.row(q, split, i) for i, q in enumerate(items)]).to_parquet(path + ".tmp")
-        os.replace(path + ".tmp", path)
 
 
 def measure_accuracy(model_dir: str, task: MathTask, test, settings: PrepareSettings) -> dict[str, dict]:
@@ -132,11 +110,10 @@ def prepare(output_dir: str, settings: PrepareSettings = PrepareSettings(), log:
     """Write ``output_dir/model`` (once) and ``output_dir/data``; returns the key file's contents."""
     from . import checkpoint
 
-    data_dir, model_dir = os.path.join(output_dir, "data"), os.path.join(output_dir, "model")
-    if not force and is_prepared(output_dir, settings):
+    model_dir = taskdir.model_dir(output_dir)
+    if not force and taskdir.is_prepared(output_dir, settings, FORMAT_VERSION):
         log(f"[prepare] {output_dir} already holds the model and the data for these settings; nothing to do")
-        with open(os.path.join(data_dir, KEY_FILE)) as f:
-            return json.load(f)
+        return taskdir.read_key(output_dir)
     start, task = time.time(), settings.task()
     checkpoint.ensure_model(model_dir, log=log, force=force)
     train, test = task.split(settings.n_train, settings.n_test, settings.seed)
@@ -153,36 +130,25 @@ def prepare(output_dir: str, settings: PrepareSettings = PrepareSettings(), log:
     info = {"format_version": FORMAT_VERSION, "settings": asdict(settings), "test_accuracy": accuracy,
             "n_train": len(train), "n_test": len(test), "longest_prompt": longest,
             "seconds": round(time.time() - start, 1)}
-    write_data(task, train, test, data_dir)
-    with open(os.path.join(data_dir, KEY_FILE), "w") as f:
-        json.dump(info, f, indent=2)
-    log(f"[prepare] wrote {data_dir}/{{train,test}}.parquet ({info['seconds']} s)")
+    rows = {split: [task.row(q, split, i) for i, q in enumerate(items)] for split, items in (("train", train),
+                                                                                           ("test", test))}
+    taskdir.write_task(output_dir, rows, info)
+    log(f"[prepare] wrote {output_dir}/data/{{train,test}}.parquet ({info['seconds']} s)")
     return info
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m verl_group_ppo.smollm2.prepare", description=__doc__.split("\n\n")[0])
-    p.add_argument("--output-dir", required=True, help="where model/ and data/ are written")
-    defaults = PrepareSettings()
-    for f in fields(PrepareSettings):
-        p.add_argument("--" + f.name.replace("_", "-"), type=type(getattr(defaults, f.name)), default=None,
-                       help=f"(default: {getattr(defaults, f.name)})")
-    p.add_argument("--force", action="store_true", help="convert the model and rebuild the data again")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: min(2, cores))")
-    return p
+    """The command line: :func:`verl_group_ppo.taskdir.settings_parser` of :class:`PrepareSettings`."""
+    return taskdir.settings_parser(PrepareSettings, "python -m verl_group_ppo.smollm2.prepare",
+                                   __doc__.split("\n\n")[0])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args: dict[str, Any] = vars(build_parser().parse_args(argv))
-    output_dir, force, threads = args.pop("output_dir"), args.pop("force"), args.pop("threads")
-    threads = min(2, os.cpu_count() or 1) if threads is None else threads
-    if threads < 1:
-        raise ValueError(f"--threads: must be >= 1, got {threads}")
+    call = taskdir.parse_prepare_args(build_parser(), argv)
     import torch
 
-    torch.set_num_threads(threads)
-    settings = PrepareSettings(**{k: v for k, v in args.items() if v is not None})
-    prepare(os.path.abspath(output_dir), settings, log=lambda m: print(m, flush=True), force=force)
+    torch.set_num_threads(call.threads)
+    prepare(call.output_dir, PrepareSettings(**call.flags), log=lambda m: print(m, flush=True), force=call.force)
     return 0
 
 

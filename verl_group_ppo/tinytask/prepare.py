@@ -12,7 +12,8 @@ writes
 * ``DIR/data/train.parquet``, ``DIR/data/test.parquet``: verl's row format (``data_source``, ``prompt`` as
   chat messages, ``ability``, ``reward_model.ground_truth``, ``extra_info``) for the demo's ``chain_sum``
   task; verl scores them with :func:`verl_group_ppo.tinytask.reward.compute_score` (the task's exact verifier);
-* ``DIR/model/prepare.json``: the settings the model was built with and what the warm start measured.
+* ``DIR/data/prepare.json``: the settings the task was built with and what the warm start measured (the key file
+  of every task, :mod:`verl_group_ppo.taskdir`).
 
 The task, the problem split and the warm start are the ones the demo trains on (:mod:`verl_group_ppo.tinytask`).
 A second call with the same settings finds ``prepare.json`` and does nothing.
@@ -43,12 +44,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import time
 from dataclasses import asdict, dataclass, fields
 from types import MappingProxyType
 from typing import Any, Callable, Mapping, Sequence
 
+from .. import taskdir
+from ..taskdir import setting
 from .reward import TOOLS_SUFFIX, data_source_for
 from .tasks import Problem, Task, make_task, split_problems
 from .tooluse import CALL_CLOSE, CALL_OPEN, call_jinja, scripted_episode
@@ -71,7 +73,6 @@ TOOL_CHAT_TEMPLATE = (
     + call_jinja() + "{% endfor %}"
     "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-KEY_FILE = "prepare.json"
 
 
 @dataclass(frozen=True)
@@ -81,22 +82,22 @@ class PrepareSettings:
     probability is 0.1, not 0.25, and the model is the demo's ``small`` one (hidden 128, ~0.56M parameters),
     not ``tiny``, whose warm start leaves RL less to fix in 40 steps (docs/cpu.md, "The tiny task")."""
 
-    task: str = "chain_sum"
-    model_size: str = "small"
-    warmstart_steps: int = 2000
-    warmstart_batch_size: int = 64
-    warmstart_lr: float = 2e-3
-    warmstart_slip_prob: float = 0.1
-    seed: int = 0
-    n_train: int = 20000
-    n_test: int = 256
-    response_length: int = 24
-    tokenizer_vocab_size: int = 320
-    min_sampled_accuracy: float = 0.02  # refuse a warm start that samples fewer correct (0: plumbing checks only)
-    variant: str = "single_turn"  # the task variant (VARIANTS): single_turn, or tools (calls of a calculator)
-    tool_prob: float = 0.5  # tools: each step of a warm-start episode calls the tool with this probability
-    max_assistant_turns: int = 6  # tools: the agent loop's turn limit (the checks' sampler uses it too)
-    min_call_rate: float = 0.5  # tools: refuse a warm start whose sampled responses call the tool less often
+    task: str = setting("chain_sum", "the demo's task the problems come from")
+    model_size: str = setting("small", "the demo's model size (tiny, small, ...)")
+    warmstart_steps: int = setting(2000, "supervised warm-start steps")
+    warmstart_batch_size: int = setting(64, "problems per warm-start step")
+    warmstart_lr: float = setting(2e-3, "the warm start's learning rate")
+    warmstart_slip_prob: float = setting(0.1, "the warm start's worked solutions slip a step with this probability")
+    seed: int = setting(0, "seed of the problem split and the warm start")
+    n_train: int = setting(20000, "training problems")
+    n_test: int = setting(256, "test problems (verl's validation set)")
+    response_length: int = setting(24, "reply length in tokens of the warm start and the checks (the launcher's)")
+    tokenizer_vocab_size: int = setting(320, "the byte-level BPE's vocabulary size")
+    min_sampled_accuracy: float = setting(0.02, "refuse a warm start that samples fewer correct (0: no check)")
+    variant: str = setting("single_turn", "the task variant: single_turn, or tools (calls of a calculator)")
+    tool_prob: float = setting(0.5, "tools: each step of a warm-start episode calls the tool with this probability")
+    max_assistant_turns: int = setting(6, "tools: the agent loop's turn limit (the checks' sampler uses it too)")
+    min_call_rate: float = setting(0.5, "tools: refuse a warm start whose sampled responses call the tool less often")
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -383,28 +384,15 @@ def task_and_split(settings: PrepareSettings) -> tuple[Task, list[Problem], list
     return task, train, test
 
 
-def is_prepared(output_dir: str, settings: PrepareSettings) -> bool:
-    """True when ``output_dir`` holds all outputs, built with ``settings`` by this format version."""
-    key_path = os.path.join(output_dir, "model", KEY_FILE)
-    data = [os.path.join(output_dir, "data", f"{s}.parquet") for s in ("train", "test")]
-    if not os.path.exists(key_path) or not all(os.path.exists(p) for p in data):
-        return False
-    with open(key_path) as f:
-        saved = json.load(f)
-    return saved.get("format_version") == FORMAT_VERSION and saved.get("settings") == asdict(settings)
-
-
 def prepare(output_dir: str, settings: PrepareSettings = PrepareSettings(), log: Callable[[str], None] = print,
             force: bool = False) -> dict:
     """Write ``output_dir/model`` and ``output_dir/data/{train,test}.parquet``; returns the key-file contents.
 
     Skips all work when the outputs exist and were built with the same settings (unless ``force``).
     """
-    key_path = os.path.join(output_dir, "model", KEY_FILE)
-    if not force and is_prepared(output_dir, settings):
+    if not force and taskdir.is_prepared(output_dir, settings, FORMAT_VERSION):
         log(f"[prepare] {output_dir} already holds the model and data for these settings; nothing to do")
-        with open(key_path) as f:
-            return json.load(f)
+        return taskdir.read_key(output_dir)
     t0, variant = time.time(), VARIANTS[settings.variant]
     task, train, test = task_and_split(settings)
     log(f"[prepare] {len(train)} train / {len(test)} test {task.name} problems ({time.time() - t0:.0f} s)")
@@ -429,23 +417,8 @@ def prepare(output_dir: str, settings: PrepareSettings = PrepareSettings(), log:
 
 def write_outputs(output_dir: str, policy, tok: ChatTokenizer, vocab, merges, rows: dict[str, list[dict]],
                   info: dict) -> None:
-    """Write the model and each split's ``rows`` into temporary paths, then move them in place; the key file
-    comes last."""
-    import pandas as pd
-
-    model_dir, data_dir = os.path.join(output_dir, "model"), os.path.join(output_dir, "data")
-    os.makedirs(data_dir, exist_ok=True)
-    tmp_model = model_dir + ".tmp"
-    shutil.rmtree(tmp_model, ignore_errors=True)
-    save_model(policy, tok, vocab, merges, tmp_model)
-    for split, split_rows in rows.items():
-        path = os.path.join(data_dir, f"{split}.parquet")
-        pd.DataFrame(split_rows).to_parquet(path + ".tmp")
-        os.replace(path + ".tmp", path)
-    shutil.rmtree(model_dir, ignore_errors=True)
-    os.replace(tmp_model, model_dir)
-    with open(os.path.join(model_dir, KEY_FILE), "w") as f:
-        json.dump(info, f, indent=2)
+    """Write each split's ``rows``, the model and the key file ``info`` (:func:`verl_group_ppo.taskdir.write_task`)."""
+    taskdir.write_task(output_dir, rows, info, lambda path: save_model(policy, tok, vocab, merges, path))
 
 
 # ------------------------------------------------------------------------------------------ command line
@@ -457,22 +430,11 @@ def _default_help(name: str, default: Any) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m verl_group_ppo.tinytask.prepare",
-                                description=__doc__.split("\n\n")[0])
-    p.add_argument("--output-dir", required=True, help="where model/ and data/ are written")
-    defaults = PrepareSettings()
-    for f in fields(PrepareSettings):
-        default = getattr(defaults, f.name)
-        choices = sorted(VARIANTS) if f.name == "variant" else None
-        p.add_argument("--" + f.name.replace("_", "-"), type=type(default), default=None, choices=choices,
-                       help=_default_help(f.name, default))
+    """The command line: :func:`verl_group_ppo.taskdir.settings_parser` of :class:`PrepareSettings`, and ``--tools``."""
+    p = taskdir.settings_parser(PrepareSettings, "python -m verl_group_ppo.tinytask.prepare", __doc__.split("\n\n")[0],
+                                defaults_note=_default_help, choices={"variant": sorted(VARIANTS)})
     p.add_argument("--tools", dest="variant", action="store_const", const=TOOLS.name,
                    help=f"the tool task: short for --variant {TOOLS.name}")
-    p.add_argument("--force", action="store_true", help="rebuild even when the outputs are up to date")
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch threads (default: 2 when the machine has 2 cores or more, else 1; the warm start "
-                        "ran 1.3x faster with 2 than with 1 on a quiet 2-core machine, but 7x slower when the "
-                        "cores were busy: use 1 on a loaded machine)")
     return p
 
 
@@ -485,16 +447,11 @@ def settings_from_flags(flags: dict[str, Any]) -> PrepareSettings:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = vars(build_parser().parse_args(argv))
-    output_dir, force, threads = args.pop("output_dir"), args.pop("force"), args.pop("threads")
-    if threads is None:
-        threads = min(2, os.cpu_count() or 1)
-    if threads < 1:
-        raise ValueError(f"--threads: must be >= 1, got {threads}")
+    call = taskdir.parse_prepare_args(build_parser(), argv)
     import torch
 
-    torch.set_num_threads(threads)
-    prepare(os.path.abspath(output_dir), settings_from_flags(args), log=lambda m: print(m, flush=True), force=force)
+    torch.set_num_threads(call.threads)
+    prepare(call.output_dir, settings_from_flags(call.flags), log=lambda m: print(m, flush=True), force=call.force)
     return 0
 
 

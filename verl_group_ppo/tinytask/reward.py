@@ -1,10 +1,8 @@
 """The tiny task's reward, computed by verl through its own reward path.
 
-verl's reward loop calls ``compute_score(data_source, solution_str, ground_truth, extra_info)`` for every
-response when the run sets::
-
-    reward.custom_reward_function.path=pkg://verl_group_ppo.tinytask.reward
-    reward.custom_reward_function.name=compute_score
+verl's reward loop calls the package's one reward function, :func:`verl_group_ppo.reward.compute_score`
+(``reward.custom_reward_function.path=pkg://verl_group_ppo.reward``), for every response; it hands the rows whose
+``data_source`` is one of :data:`DATA_SOURCES` to :func:`compute_score` here.
 
 The score is the task's exact verifier (:meth:`verl_group_ppo.tinytask.tasks.Task.verify`): 1.0 when the response
 is the correct running totals followed by ``#<answer>``, else 0.0; for the tool-use task (data source ending
@@ -44,6 +42,10 @@ def data_source_for(task_name: str, suffix: str = "") -> str:
     return DATA_SOURCE_PREFIX + task_name + suffix
 
 
+#: every ``data_source`` a row of the tiny task carries: each task's, and the tool-use task's
+DATA_SOURCES = frozenset([*(data_source_for(name) for name in TASKS), data_source_for("chain_sum", TOOLS_SUFFIX)])
+
+
 @lru_cache(maxsize=None)
 def task_for(data_source: str) -> Task:
     """The task a ``data_source`` names; ValueError for any other data source."""
@@ -65,7 +67,7 @@ def problem_from_row(ground_truth: str, extra_info: dict[str, Any]) -> Problem:
 
 def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None,
                   **kwargs: Any) -> float:
-    """verl's custom reward function: the task's exact verifier, 1.0 or 0.0."""
+    """The tiny task's score of one response: the task's exact verifier, 1.0 or 0.0."""
     if extra_info is None:
         raise ValueError("extra_info: verl passed none; the tiny task's rows carry the problem there")
     problem = problem_from_row(ground_truth, extra_info)

@@ -1,0 +1,213 @@
+"""The task contract: what a task is (:class:`TaskSpec`) and what its prepared directory holds.
+
+Every task of the package (the tiny task, its tool variant, the real-model task) is prepared into one directory of
+the same shape::
+
+    WORK_DIR/model/                     the Hugging Face checkpoint actor and critic start from
+    WORK_DIR/data/train.parquet         verl's rows (data_source, prompt, reward_model, extra_info)
+    WORK_DIR/data/test.parquet
+    WORK_DIR/data/prepare.json          the key file, written last: format version, settings, what prepare measured
+
+This module is the one place for that shape: :func:`is_prepared` (the outputs exist and the key file holds these
+settings), the atomic writes every prepare uses (:func:`write_task` through :func:`write_json`,
+:func:`write_parquet` and :func:`replace_dir`),
+and the command line every ``python -m verl_group_ppo.<task>.prepare`` builds from its settings dataclass
+(:func:`settings_parser`, :func:`parse_prepare_args`: each field a ``--flag`` with its help and default, plus
+``--output-dir``, ``--force`` and ``--threads``). It imports nothing else of the package.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+MODEL_DIR = "model"
+DATA_DIR = "data"
+SPLITS = ("train", "test")
+#: the key file, relative to the task directory (the same place for every task)
+KEY_FILE = os.path.join(DATA_DIR, "prepare.json")
+#: the help of ``--threads``: the one rule of how many torch threads a prepare uses
+THREADS_HELP = ("torch threads (default: 2 when the machine has 2 cores or more, else 1; use 1 on a machine whose "
+                "cores are busy with other work)")
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """What the CPU launcher (examples/cpu/common.sh) and the benchmarks need to know of one task; each task's
+    numbers are written once, here or as its prepare settings' defaults (which its spec reads)."""
+
+    name: str  # the task's label: trainer.experiment_name is NAME_ESTIMATOR
+    task: str  # the launcher's TASK value
+    multi_turn: bool  # the launcher's MULTI_TURN value: verl's tool agent loop
+    data_sources: tuple[str, ...]  # the data_source of its rows (the reward dispatches on it)
+    prepare_module: str  # run as python -m PREPARE_MODULE --output-dir WORK_DIR PREPARE_ARGS...
+    prepare_args: tuple[str, ...]  # the flags the launcher gives prepare
+    work_dir: str  # default WORK_DIR, relative to the repository root
+    prompt_length: int  # data.max_prompt_length (tokens)
+    response_length: int  # data.max_response_length (tokens)
+    train_batch: int  # prompts per step (data.train_batch_size)
+    rollout_n: int  # responses per prompt
+    steps: int  # trainer.total_training_steps
+    actor_lr: float  # actor_rollout_ref.actor.optim.lr
+    critic_lr: float  # critic.optim.lr
+    actor_mini_batches: int  # actor updates per step (the train batch split in this many mini-batches)
+    critic_mini_batches: int  # critic updates per step
+    val_before_train: bool  # verl validates on the test split before the first step
+    test_freq: int  # verl validates every this many steps (-1: never)
+    threads: int  # OMP threads of every process of the run
+    project: str  # trainer.project_name
+    accuracy_band: tuple[float, float]  # prepare refuses a model whose sampled accuracy is outside it
+    max_assistant_turns: int = 0  # multi-turn: the agent loop's turn limit (0: single-turn)
+
+    def __post_init__(self) -> None:
+        for name in ("train_batch", "rollout_n", "steps", "actor_mini_batches", "critic_mini_batches", "threads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        for name in ("actor_mini_batches", "critic_mini_batches"):
+            if self.train_batch % getattr(self, name):
+                raise ValueError(f"{name}: must divide train_batch={self.train_batch}, got {getattr(self, name)}")
+        if self.multi_turn != (self.max_assistant_turns > 0):
+            raise ValueError(f"max_assistant_turns: must be > 0 exactly for a multi-turn task, got "
+                             f"{self.max_assistant_turns} (multi_turn={self.multi_turn})")
+
+    @property
+    def actor_mini_batch(self) -> int:
+        """Prompts per actor mini-batch (actor.ppo_mini_batch_size)."""
+        return self.train_batch // self.actor_mini_batches
+
+    @property
+    def critic_mini_batch(self) -> int:
+        """Prompts per critic mini-batch (critic.ppo_mini_batch_size)."""
+        return self.train_batch // self.critic_mini_batches
+
+    @property
+    def rank_unit(self) -> int:
+        """Responses in the smallest mini-batch: the trainer ranks must divide it."""
+        return min(self.actor_mini_batch, self.critic_mini_batch) * self.rollout_n
+
+
+# ------------------------------------------------------------------------------------------ the directory
+
+def model_dir(output_dir: str) -> str:
+    return os.path.join(output_dir, MODEL_DIR)
+
+
+def data_path(output_dir: str, split: str) -> str:
+    """``output_dir/data/<split>.parquet``."""
+    return os.path.join(output_dir, DATA_DIR, f"{split}.parquet")
+
+
+def key_path(output_dir: str) -> str:
+    return os.path.join(output_dir, KEY_FILE)
+
+
+def read_key(output_dir: str) -> dict | None:
+    """The key file's contents, or None when it is missing or unreadable."""
+    try:
+        with open(key_path(output_dir)) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def is_prepared(output_dir: str, settings: Any, format_version: int) -> bool:
+    """True when ``output_dir`` holds the model (its ``config.json``), both splits and a key file written by
+    ``format_version`` with ``settings`` (a dataclass)."""
+    needed = [os.path.join(model_dir(output_dir), "config.json"), *(data_path(output_dir, s) for s in SPLITS)]
+    if not all(os.path.exists(p) for p in needed):
+        return False
+    saved = read_key(output_dir)
+    return (saved is not None and saved.get("format_version") == format_version
+            and saved.get("settings") == dataclasses.asdict(settings))
+
+
+def write_json(path: str, data: Any) -> None:
+    """Write ``data`` as indented JSON to a temporary name, then move it in place (a reader never sees half)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        json.dump(data, f, indent=2)
+    os.replace(path + ".tmp", path)
+
+
+def write_parquet(path: str, rows: Sequence[Mapping[str, Any]]) -> None:
+    """Write ``rows`` (one dict per row) as a parquet file, through a temporary name."""
+    import pandas as pd
+
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    pd.DataFrame(list(rows)).to_parquet(path + ".tmp")
+    os.replace(path + ".tmp", path)
+
+
+def replace_dir(path: str, write: Callable[[str], None]) -> None:
+    """``write(tmp)`` fills a fresh temporary folder beside ``path``, which then replaces ``path``."""
+    tmp = path + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    write(tmp)
+    shutil.rmtree(path, ignore_errors=True)
+    os.replace(tmp, path)
+
+
+def write_task(output_dir: str, rows: Mapping[str, Sequence[Mapping[str, Any]]], key: Mapping[str, Any],
+               write_model: Callable[[str], None] | None = None) -> None:
+    """Write a prepared task: the key file is removed first, then each split's ``rows`` ({split: rows}) and the
+    model (``write_model(folder)``, where given, through :func:`replace_dir`) are written, and ``key`` last. An
+    interrupted write leaves no key file, so :func:`is_prepared` is False until a write completes."""
+    if os.path.exists(key_path(output_dir)):
+        os.remove(key_path(output_dir))
+    for split, split_rows in rows.items():
+        write_parquet(data_path(output_dir, split), split_rows)
+    if write_model is not None:
+        replace_dir(model_dir(output_dir), write_model)
+    write_json(key_path(output_dir), dict(key))
+
+
+# ------------------------------------------------------------------------------------------ command line
+
+def setting(default: Any, help: str) -> Any:  # noqa: A002 (argparse's word)
+    """A settings-dataclass field with its one-line help (the command line shows it)."""
+    return field(default=default, metadata={"help": help})
+
+
+def settings_parser(settings_type: type, prog: str, description: str,
+                    defaults_note: Callable[[str, Any], str] | None = None,
+                    choices: Mapping[str, Sequence[str]] | None = None) -> argparse.ArgumentParser:
+    """The prepare command line of ``settings_type`` (a dataclass of defaults): ``--output-dir``, one ``--flag`` per
+    field (its help, then its default; ``defaults_note(name, default)`` replaces the default's note where given;
+    ``choices`` by field name), ``--force`` and ``--threads``. A flag not given parses to None."""
+    p = argparse.ArgumentParser(prog=prog, description=description)
+    p.add_argument("--output-dir", required=True, help="the task directory: model/ and data/ are written there")
+    defaults = settings_type()
+    for f in dataclasses.fields(settings_type):
+        default = getattr(defaults, f.name)
+        note = defaults_note(f.name, default) if defaults_note else f"(default: {default})"
+        p.add_argument("--" + f.name.replace("_", "-"), type=type(default), default=None,
+                       choices=(choices or {}).get(f.name), help=" ".join(filter(None, (f.metadata.get("help"), note))))
+    p.add_argument("--force", action="store_true", help="rebuild even when the outputs are up to date")
+    p.add_argument("--threads", type=int, default=None, help=THREADS_HELP)
+    return p
+
+
+@dataclass(frozen=True)
+class PrepareCall:
+    """A parsed prepare command line: where, whether to rebuild, torch threads, and the settings flags given."""
+
+    output_dir: str  # absolute
+    force: bool  # rebuild even when up to date
+    threads: int  # torch threads (the --threads rule applied)
+    flags: dict[str, Any]  # the settings flags given (a flag not given is left out)
+
+
+def parse_prepare_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> PrepareCall:
+    """Parse ``argv`` with a :func:`settings_parser`; ValueError naming ``--threads`` when it is below 1."""
+    args = vars(parser.parse_args(argv))
+    output_dir, force, threads = args.pop("output_dir"), args.pop("force"), args.pop("threads")
+    threads = min(2, os.cpu_count() or 1) if threads is None else threads
+    if threads < 1:
+        raise ValueError(f"--threads: must be >= 1, got {threads}")
+    return PrepareCall(os.path.abspath(output_dir), force, threads,
+                       {key: value for key, value in args.items() if value is not None})
