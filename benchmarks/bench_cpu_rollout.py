@@ -28,6 +28,7 @@ import tempfile
 from pathlib import Path
 
 from benchlib import REPO, random_prompts, run_launcher, timed
+from verl_group_ppo.task_specs import TINY
 
 #: vLLM's rollout dtypes measured, short name -> verl's ``rollout.dtype`` (bfloat16: verl's default)
 DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
@@ -48,9 +49,7 @@ def tiny_row(work_dir: Path, steps: int, backend: str, dtype: str, extra: list[s
 def bench_tiny(work_dir: Path, steps: int) -> list[dict]:
     if steps < 2:
         raise ValueError(f"--steps={steps}: at least 2 (step 1 is reported apart)")
-    if not (work_dir / "model" / "prepare.json").is_file():
-        subprocess.run([sys.executable, "-m", "verl_group_ppo.tinytask.prepare", "--output-dir", str(work_dir)],
-                       check=True)
+    subprocess.run([sys.executable, "-m", TINY.prepare_module, "--output-dir", str(work_dir)], check=True)  # no-op when prepared
     return [tiny_row(work_dir, steps, "hf", "fp32", [])] + [
         tiny_row(work_dir, steps, "vllm", name, [f"actor_rollout_ref.rollout.dtype={dtype}"])
         for name, dtype in DTYPES.items()]

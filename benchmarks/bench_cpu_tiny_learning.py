@@ -18,16 +18,19 @@ import statistics
 from pathlib import Path
 
 from benchlib import int_list, timed
+from verl_group_ppo import taskdir
+from verl_group_ppo.task_specs import TINY
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--work-dir", required=True, help="a prepared tiny task (WORK_DIR of examples/cpu)")
     p.add_argument("--estimator", default="group_ppo", help="group_ppo, gae or grpo (a demo arm)")
-    p.add_argument("--prompts", type=int, default=32, help="prompts per step (x 4 responses)")
-    p.add_argument("--steps", type=int, default=40, help="RL steps (at least 20: two 10-step windows)")
-    p.add_argument("--actor-lr", type=float, default=2e-4, help="actor Adam learning rate")
-    p.add_argument("--critic-mini-batch", type=int, default=64, help="critic mini-batch in responses")
+    p.add_argument("--prompts", type=int, default=TINY.train_batch, help="prompts per step (x 4 responses)")
+    p.add_argument("--steps", type=int, default=TINY.steps, help="RL steps (at least 20: two 10-step windows)")
+    p.add_argument("--actor-lr", type=float, default=TINY.actor_lr, help="actor Adam learning rate")
+    p.add_argument("--critic-mini-batch", type=int, default=TINY.critic_mini_batch * TINY.rollout_n,
+                   help="critic mini-batch in responses")
     p.add_argument("--seeds", default="0,1,2", help="comma list of seeds")
     args = p.parse_args(argv)
     seeds = int_list(args.seeds, "--seeds")
@@ -35,7 +38,7 @@ def main(argv=None) -> int:
         raise SystemExit(f"--steps: need at least 20 (two 10-step windows), got {args.steps}")
     if args.prompts < 1:
         raise SystemExit(f"--prompts: must be >= 1, got {args.prompts}")
-    key = Path(args.work_dir) / "model" / "prepare.json"
+    key = Path(args.work_dir) / taskdir.KEY_FILE
     if not key.exists():
         raise SystemExit(f"--work-dir: {key} is missing; run python -m verl_group_ppo.tinytask.prepare --output-dir "
                          f"{args.work_dir} first")

@@ -19,9 +19,10 @@ import os
 from statistics import mean, median
 
 from benchlib import REPO, Run, Sweep, cell, differences, plan, run_launcher, run_pending
+from verl_group_ppo.task_specs import SMOLLM2
 
 RESULTS = os.path.join("benchmarks", "results", "smollm2")
-STEPS = 20  # the launcher's default, which the records are checked against
+STEPS = SMOLLM2.steps  # the launcher's default, which the records are checked against
 SEEDS = {"group_ppo": (0, 1, 2), "gae": (0, 1, 2), "grpo": (0, 1)}
 PAIRS = (("group_ppo", "gae"), ("group_ppo", "grpo"), ("gae", "grpo"))
 WARMUPS = (0, 5, 10)

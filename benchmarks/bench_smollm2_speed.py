@@ -5,7 +5,9 @@
 
 Every configuration runs ``examples/cpu/run_smollm2_group_ppo.sh`` (verl's ``main_ppo`` on the CPU backend) for
 ``--steps`` steps on a prepared ``--work-dir``, with no validation before training and verl's validation of the test
-split after the last step. A configuration is the baseline (:data:`BASE`) with one lever changed (:data:`CONFIGS`):
+split after the last step. A configuration is the baseline (:data:`BASE`, the launcher's settings: the task's spec
+``verl_group_ppo.task_specs.SMOLLM2``) with one lever changed (:data:`CONFIGS`); a record measured with other levers
+is not reported, and runs again:
 threads per process, remove-padding, the rollout (the backend's ``hf`` or verl's vLLM, fp32 or bf16), trainer
 ranks, prompts per step, response length. ``base`` runs first and again last (``base_again``): the two bound the
 machine's drift over the sweep. Each finished configuration is kept as one JSON record under
@@ -22,6 +24,7 @@ from dataclasses import asdict, dataclass, replace
 from statistics import mean
 
 from benchlib import REPO, LauncherError, portable, read_json, run_launcher, write_json
+from verl_group_ppo.task_specs import SMOLLM2
 from verl_group_ppo.logs import timing_breakdown
 
 RESULTS = REPO / "benchmarks" / "results" / "smollm2_speed"
@@ -30,26 +33,29 @@ PHASES = ("gen", "values", "adv", "update_critic", "update_actor", "step", "test
 
 @dataclass(frozen=True)
 class Levers:
-    """What a configuration sets; every field is passed explicitly, whatever the launcher's defaults are."""
+    """What a configuration sets; every field is passed explicitly. The defaults are the launcher's (the task's spec,
+    :data:`verl_group_ppo.task_specs.SMOLLM2`)."""
 
-    threads: int = 1  # OMP_NUM_THREADS of every process (driver, trainer workers, rollout server)
+    threads: int = SMOLLM2.threads  # OMP_NUM_THREADS of every process (driver, trainer workers, rollout server)
     remove_padding: bool = False  # actor and critic forward passes without padding tokens
     rollout: str = "hf"  # hf (the backend's) or vllm (verl's, on vLLM's CPU build)
     rollout_dtype: str = "float32"  # the rollout's dtype (vllm: float32 or bfloat16; hf computes in fp32)
     ranks: int = 1  # trainer ranks (N_RANKS)
-    prompts: int = 8  # prompts per step (x 4 responses)
-    response_length: int = 24  # data.max_response_length
-    prompt_length: int = 96  # data.max_prompt_length: verl pads every prompt to it (the task's longest is 46 tokens)
+    prompts: int = SMOLLM2.train_batch  # prompts per step (x 4 responses)
+    mini_batches: int = SMOLLM2.actor_mini_batches  # actor and critic updates per step
+    response_length: int = SMOLLM2.response_length  # data.max_response_length
+    prompt_length: int = SMOLLM2.prompt_length  # data.max_prompt_length: verl pads every prompt to it
 
     def env(self) -> dict[str, str]:
         return {"OMP_NUM_THREADS": str(self.threads), "MKL_NUM_THREADS": str(self.threads), "N_RANKS": str(self.ranks)}
 
     def overrides(self) -> list[str]:
-        responses_per_rank = 4 * self.prompts // self.ranks
+        mini_batch = self.prompts // self.mini_batches
+        responses_per_rank = 4 * mini_batch // self.ranks
         return [f"data.train_batch_size={self.prompts}", f"data.max_response_length={self.response_length}",
                 f"data.max_prompt_length={self.prompt_length}",
-                f"actor_rollout_ref.actor.ppo_mini_batch_size={self.prompts}",
-                f"critic.ppo_mini_batch_size={self.prompts}",
+                f"actor_rollout_ref.actor.ppo_mini_batch_size={mini_batch}",
+                f"critic.ppo_mini_batch_size={mini_batch}",
                 f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={responses_per_rank}",
                 f"critic.ppo_micro_batch_size_per_gpu={responses_per_rank}",
                 f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={responses_per_rank}",
@@ -62,13 +68,13 @@ class Levers:
 BASE = Levers()
 CONFIGS: dict[str, Levers] = {
     "base": BASE,
-    "threads2": replace(BASE, threads=2),
+    "threads1": replace(BASE, threads=1),
     "remove_padding": replace(BASE, remove_padding=True),
     "vllm_fp32": replace(BASE, rollout="vllm"),
     "vllm_bf16": replace(BASE, rollout="vllm", rollout_dtype="bfloat16"),
     "ranks2": replace(BASE, ranks=2),
-    "prompts16": replace(BASE, prompts=16),
-    "response16": replace(BASE, response_length=16),
+    "prompts8": replace(BASE, prompts=8),
+    "response24": replace(BASE, response_length=24),
     "response32": replace(BASE, response_length=32),
     "base_again": BASE,
 }
@@ -108,7 +114,8 @@ def summarize(record: dict, n_test: int) -> dict:
 
 def report(n_test: int) -> str:
     records = {name: read_json(RESULTS / f"{name}.json") for name in CONFIGS}
-    records = {k: v for k, v in records.items() if v}
+    # a record measured with other levers (another base) is not this configuration's
+    records = {k: v for k, v in records.items() if v and v.get("levers") == asdict(CONFIGS[k])}
     if not records:
         raise SystemExit(f"no records under {portable(str(RESULTS))}: run the benchmark first")
     failed = {name: r["failed"] for name, r in records.items() if "failed" in r}
@@ -144,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
                          "(python -m verl_group_ppo.smollm2.prepare)")
     if not args.report:
         for name in names:
-            if read_json(RESULTS / f"{name}.json") is None:
+            if (read_json(RESULTS / f"{name}.json") or {}).get("levers") != asdict(CONFIGS[name]):
                 print(f"[speed] {name}: {CONFIGS[name]}", flush=True)
                 write_json(RESULTS / f"{name}.json", run_config(name, CONFIGS[name], args.steps, work_dir))
     print(report(info["n_test"]))

@@ -19,10 +19,11 @@ import time
 from statistics import mean
 
 from benchlib import REPO, read_json, write_json
+from verl_group_ppo.task_specs import SMOLLM2
 
 RESULTS = os.path.join("benchmarks", "results", "smollm2_task")
 QUESTIONS, SAMPLES, MAX_TOKENS, LENGTHS, SEED = 40, 2, 24, (16, 24, 32), 0
-BAND, WIDE_BAND = (0.10, 0.60), (0.05, 0.70)
+BAND, WIDE_BAND = SMOLLM2.accuracy_band, (0.05, 0.70)  # the task's band (prepare refuses outside it); the fallback
 
 
 def record_path(name: str) -> str:
@@ -39,8 +40,6 @@ def save(name: str, record: dict) -> None:
 
 def choose(records: dict[tuple[str, str], dict], prompt_lengths: dict[str, int]) -> tuple[str, list[str], tuple]:
     """The rule's steps 4 and 5: (prompt, modules, band) from the per-(prompt, module) records."""
-    from statistics import mean
-
     prompts = sorted({p for p, _ in records})
     sampled = {p: mean(r["sampled"]["correct"] for (q, _), r in records.items() if q == p) for p in prompts}
     best = max(sampled.values())

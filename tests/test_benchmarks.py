@@ -345,9 +345,9 @@ def test_multiturn_report_pairs_seeds_applies_the_rule_and_lists_missing_runs():
 
 def test_multiturn_report_names_the_warm_start_of_each_seed(tmp_path):
     bench = _load("bench_multiturn")
-    (tmp_path / "model").mkdir()
+    (tmp_path / "data").mkdir()
     measured = {"sampled": 0.195, "greedy": 0.578, "call_rate": 0.89, "calls_per_response": 1.76}
-    (tmp_path / "model" / "prepare.json").write_text(json.dumps({"test_accuracy": measured}))
+    (tmp_path / "data" / "prepare.json").write_text(json.dumps({"test_accuracy": measured}))
     assert bench.warm_start(str(tmp_path)) == measured
     runs = [_multiturn_record("gae", s, [0.2] * 20) for s in (0, 1, 2)]
     for r in runs[1:]:
@@ -401,8 +401,9 @@ def test_smollm2_comparison_plans_the_preregistered_seeds_at_the_launchers_steps
     runs = bench.sweep("comparison")[0].runs
     assert [(r.arm, r.seed) for r in runs] == [("group_ppo", 0), ("gae", 0), ("grpo", 0), ("group_ppo", 1),
                                                ("gae", 1), ("grpo", 1), ("group_ppo", 2), ("gae", 2)]
-    launcher = (REPO / "examples" / "cpu" / "common.sh").read_text()
-    assert f"sm_steps={bench.STEPS}\n" in launcher  # records are checked against the launcher's default
+    from verl_group_ppo.task_specs import SMOLLM2, shell_values
+
+    assert shell_values(SMOLLM2)["steps"] == str(bench.STEPS)  # records are checked against the launcher's default
     assert not bench.accept({"steps_planned": bench.STEPS + 1})
 
 
