@@ -5,7 +5,8 @@
     .venv/bin/python benchmarks/bench_cpu_rollout.py --part standin --prompts 32 --tokens 64
 
 Part ``tiny``: the main job (``examples/cpu/common.sh group_ppo``, as ``run_tiny_group_ppo.sh``) on the tiny task
-in ``--work-dir`` (built first when missing) for ``--steps`` steps with ``rollout.name=hf`` (fp32), then ``vllm``
+in ``--work-dir`` (its prepare runs first, a no-op when up to date) for ``--steps`` steps with ``rollout.name=hf``
+(fp32), then ``vllm``
 in each of :data:`DTYPES` (the actor stays fp32). Per run: start-up (wall time before the first step), verl's
 ``timing_s/gen`` and ``timing_s/step`` for step 1 and as the mean of steps 2..N, and the largest
 ``|actor/ppo_kl|`` (the launcher's bypass mode makes the rollout's log-probs the old ones: the rollout-vs-actor gap).
@@ -49,7 +50,8 @@ def tiny_row(work_dir: Path, steps: int, backend: str, dtype: str, extra: list[s
 def bench_tiny(work_dir: Path, steps: int) -> list[dict]:
     if steps < 2:
         raise ValueError(f"--steps={steps}: at least 2 (step 1 is reported apart)")
-    subprocess.run([sys.executable, "-m", TINY.prepare_module, "--output-dir", str(work_dir)], check=True)  # no-op when prepared
+    # the task's prepare, as the launcher calls it: a no-op when work_dir holds the task
+    subprocess.run([sys.executable, "-m", TINY.prepare_module, "--output-dir", str(work_dir)], check=True)
     return [tiny_row(work_dir, steps, "hf", "fp32", [])] + [
         tiny_row(work_dir, steps, "vllm", name, [f"actor_rollout_ref.rollout.dtype={dtype}"])
         for name, dtype in DTYPES.items()]
@@ -71,8 +73,7 @@ def build_standin(directory: str) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    sys.path.insert(0, str(REPO / "examples" / "cpu"))
-    from make_qwen_standin import standin_config
+    from verl_group_ppo.qwen_standin import standin_config
 
     config = standin_config(layers=24, hidden_size=896, heads=14)
     config.intermediate_size = 4864  # Qwen2.5-0.5B's (the stand-in script's default is 2 x hidden)
