@@ -4,9 +4,10 @@
 
 Every setting pretrains a fresh critic (backbone from the warm start, value head at zero) for ``--steps``
 critic-only steps on one pool of the warm-start policy's samples and measures its explained variance on the same
-held-out responses (:mod:`verl_group_ppo.demo.pretrain`). The warm start is the demo's default one, cached under
-``--setup-dir`` (trained there when missing). The settings: the demo's recipe (lr 1e-3, 1 epoch, value clip 0.5,
-Monte Carlo targets), one change at a time from it (:data:`SETTINGS`), and the ``--combine`` combinations.
+held-out responses (:mod:`verl_group_ppo.demo.pretrain`, through :mod:`verl_group_ppo.critic_readout`). The warm
+start is the demo's default one, cached under ``--setup-dir`` (trained there when missing). The settings: the
+demo's recipe (lr 1e-3, 1 epoch, value clip 0.5, Monte Carlo targets), one change at a time from it
+(:data:`SETTINGS`), and the ``--combine`` combinations.
 """
 
 from __future__ import annotations
@@ -52,12 +53,12 @@ def consistency_oracle_ev(held, problems: list, task, tok) -> float:
 
     from verl_group_ppo.core_algos import explained_variance
 
-    mask, success = held.mask, held.rewards.sum(-1)
+    mask, success = held.response_mask, held.scores
     B, T = mask.shape
     consistent = torch.zeros(B, T, dtype=torch.bool)
     for b in range(B):
         clean = task.noisy_solution(problems[b], random.Random(0), 0.0)
-        ids = held.rollout.responses[b, :int(mask[b].sum())].tolist()
+        ids = held.responses[b, :int(mask[b].sum())].tolist()
         for t in range(len(ids)):
             consistent[b, t] = clean.startswith(tok.decode(ids[:t]))
     values = torch.zeros(B, T)
@@ -99,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     pool = list(itertools.islice(batches, args.steps))
     print(f"[value pretraining] {len(pool)} batches sampled in {time.time() - t0:.0f}s", flush=True)
     problems = [p for p in setup.evals[:cfg.eval_size] for _ in range(cfg.eval_samples)]
-    print(f"[value pretraining] held-out success rate {float(held.rewards.sum(-1).mean()):.3f}; consistency "
+    print(f"[value pretraining] held-out success rate {float(held.scores.mean()):.3f}; consistency "
           f"oracle explained variance {consistency_oracle_ev(held, problems, setup.task, tok):.3f}", flush=True)
     results = {}
     for name, change in runs.items():

@@ -449,7 +449,7 @@ def test_smollm2_report_reproduces_the_committed_arm_table():
 # ------------------------------------------------------------------------------------------ bench_smollm2_critic
 
 
-def test_the_report_averages_seeds_and_flags_held_out_replies_that_all_scored_alike():
+def test_the_critic_report_averages_seeds_and_flags_held_out_replies_that_all_scored_alike():
     def record(seed, held_reward, ev):
         return {"seed": seed, "device": "cuda", "warmups": [0, 5], "held_replies": 512, "held_reward": held_reward,
                 "lrs": {"5e-05": {"explained_variance": {"0": {"all": -1.0, "first": -0.5},
@@ -463,7 +463,49 @@ def test_the_report_averages_seeds_and_flags_held_out_replies_that_all_scored_al
 
 
 @pytest.mark.parametrize("argv, flag", [(["--lrs", "0"], "--lrs"), (["--warmups", "-1"], "--warmups"),
-                                        (["--samples", "3"], "--samples"), (["--seeds", "a"], "--seeds")])
-def test_bad_benchmark_arguments_name_the_flag(argv, flag):
+                                        (["--samples", "3"], "--samples"), (["--seeds", "a"], "--seeds"),
+                                        (["--value-clip", "0"], "--value-clip")])
+def test_bad_critic_benchmark_arguments_name_the_flag(argv, flag):
     with pytest.raises(SystemExit, match=flag):
         _load("bench_smollm2_critic").main([*argv, "--report"])
+
+
+def test_critic_records_with_the_value_clip_are_kept_and_reported_apart():
+    bench = _load("bench_smollm2_critic")
+    assert bench.record_name("cuda", 2, None) == "cuda-seed2.json"  # the recorded figures' name: no clip
+    assert bench.record_name("cuda", 2, 0.5) == "cuda-clip0.5-seed2.json"
+
+    def record(clip, ev):
+        return {"seed": 0, "device": "cuda", "warmups": [5], "held_replies": 8, "held_reward": 0.5,
+                **({} if clip is None else {"value_clip": clip}),
+                "lrs": {"5e-05": {"explained_variance": {"5": {"all": ev, "first": 0.0}}}}}
+
+    table = bench.report([record(0.5, 0.1), record(None, 0.3)])
+    plain, clipped = table.index("cuda, seeds 0;"), table.index("cuda, value clip 0.5, seeds 0;")
+    assert plain < clipped and "| 5e-05 | +0.300 / +0.00 |" in table[plain:clipped]
+    assert "| 5e-05 | +0.100 / +0.00 |" in table[clipped:]
+
+
+def test_the_critic_benchmark_runs_on_a_tiny_model(tmp_path, monkeypatch):
+    """One seed, one warm-up step, on a tiny converted model and two questions: a record of the expected shape."""
+    import pandas as pd
+    from verl_group_ppo_testutils_smollm2 import write_tiny_gguf
+
+    from verl_group_ppo.smollm2 import checkpoint
+
+    checkpoint.convert(str(tmp_path / "task" / "model"), gguf_path=write_tiny_gguf(str(tmp_path / "tiny.gguf")),
+                       log=lambda m: None, expected=False)
+    rows = [{"prompt": [{"role": "user", "content": q}], "reward_model": {"ground_truth": a}}
+            for q, a in (("12", "3"), ("7", "5"))]
+    (tmp_path / "task" / "data").mkdir()
+    for split in ("train", "test"):
+        pd.DataFrame(rows).to_parquet(tmp_path / "task" / "data" / f"{split}.parquet")
+    bench = _load("bench_smollm2_critic")
+    monkeypatch.setattr(bench, "RESULTS", str(tmp_path / "records"))
+    bench.main(["--work-dir", str(tmp_path / "task"), "--warmups", "0,1", "--lrs", "1e-3", "--seeds", "0",
+                "--held-samples", "2", "--response-length", "3", "--device", "cpu", "--value-clip", "0.5"])
+    record = json.loads((tmp_path / "records" / "cpu-clip0.5-seed0.json").read_text())
+    assert record["value_clip"] == 0.5 and record["held_replies"] == 4 and record["train_replies"] == 64
+    curve = record["lrs"]["0.001"]["explained_variance"]
+    assert set(curve) == {"0", "1"} and all(set(point) == {"all", "first"} for point in curve.values())
+    assert len(record["lrs"]["0.001"]["loss_first"]) == 1 and math.isfinite(record["lrs"]["0.001"]["loss_last"][0])

@@ -171,8 +171,8 @@ def test_endpoint_loss_arm_puts_the_actor_loss_on_group_endpoints_only(tiny_setu
     from verl.trainer.ppo.core_algos import get_policy_loss_fn
 
     from verl_group_ppo.core_algos import compute_group_ppo_outputs
+    from verl_group_ppo.critic_readout import critic_values
     from verl_group_ppo.demo.rl import _actor_loss_config, build_learner, collect, compute_advantages
-    from verl_group_ppo.tinytask.model import critic_values
 
     task, tok, train, _, init, cfg = tiny_setup
     cfg = cfg.resolved(task)

@@ -12,6 +12,7 @@ import torch
 from test_demo import tiny_setup  # noqa: F401  (the module-scoped tiny task, tokenizer and warm start)
 
 from verl_group_ppo.config import read_algorithm_settings
+from verl_group_ppo.critic_readout import ScoredReplies, heldout_explained_variance
 from verl_group_ppo.demo.arms import ARMS, get_arm
 from verl_group_ppo.demo.cli import build_parser, resolve_pretrain
 from verl_group_ppo.demo.optim import minibatches, set_warmup_lr
@@ -19,8 +20,6 @@ from verl_group_ppo.demo.pretrain import (
     CriticRecipe,
     PretrainConfig,
     PretrainSamples,
-    ScoredBatch,
-    heldout_explained_variance,
     policy_batches,
     pretrain_critic,
     pretrain_key,
@@ -70,13 +69,14 @@ def test_pretraining_fits_the_critic_and_logs_held_out_explained_variance(tiny_s
     batch = batches[0]
     # a learnable signal whatever the tiny policy samples: reward 1 for responses whose first token is even
     rewards = torch.zeros_like(batch.rewards)
-    lengths = batch.mask.sum(-1).long()
+    lengths = batch.response_mask.sum(-1).long()
     for b in range(len(lengths)):
-        rewards[b, lengths[b] - 1] = float(int(batch.rollout.responses[b, 0]) % 2 == 0)
+        rewards[b, lengths[b] - 1] = float(int(batch.responses[b, 0]) % 2 == 0)
     assert 0 < float(rewards.sum()) < len(lengths)
-    data = ScoredBatch(batch.rollout, rewards)
+    data = ScoredReplies(batch.input_ids, batch.attention_mask, batch.response_mask, rewards)
     critic = build_critic(policy, 0)
-    assert heldout_explained_variance(critic, data, 1.0) == pytest.approx(0.0, abs=1e-3)  # value head at zero
+    at_zero = heldout_explained_variance(critic, data, 1.0, eval_mode=False)  # the value head starts at zero
+    assert at_zero.all == pytest.approx(0.0, abs=1e-3)
     pc = PretrainConfig(critic_pretrain_steps=30, critic_pretrain_lr=1e-2, critic_pretrain_eval_every=10)
     recipe = CriticRecipe(mini_batch_size=8, lr_warmup_steps=1)
     history = pretrain_critic(critic, itertools.repeat(data), data, pc, recipe, log=lambda m: None)

@@ -1,8 +1,9 @@
 """Batched token-in/token-out sampling with a Hugging Face causal LM (the compute behind the ``hf`` rollout).
 
-One call of :func:`generate_batch` runs a left-padded batch of prompts through the model with a KV
-cache, one decoding step for all rows at a time. Each row keeps its own sampling settings (temperature,
-top-p, top-k, token budget) and stops at its own EOS. For every sampled token it returns the token id and
+One call of :func:`generate_batch` runs a batch of prompts, left-padded as verl lays them out
+(:func:`verl_group_ppo.critic_readout.left_pad`), through the model with a KV cache, one decoding step for
+all rows at a time. Each row keeps its own sampling settings (temperature, top-p, top-k, token budget) and
+stops at its own EOS. For every sampled token it returns the token id and
 the log-probability of that token, as verl's rollout servers do (``TokenOutput.log_probs``).
 
 Log-probabilities follow ``actor_rollout_ref.rollout.logprobs_mode``: ``processed_logprobs`` (verl's
@@ -17,6 +18,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
 import torch
+
+from verl_group_ppo.critic_readout import left_pad
 
 LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs")
 
@@ -52,18 +55,6 @@ class Completion:
     log_probs: list[float]
     stopped_at_eos: bool
     aborted: bool = False
-
-
-def left_pad(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-pad token lists into ``input_ids`` [B, L] and ``attention_mask`` [B, L] (int64, 1 = token)."""
-    width = max(len(prompt) for prompt in prompts)
-    input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    for row, prompt in enumerate(prompts):
-        if prompt:
-            input_ids[row, width - len(prompt):] = torch.tensor(list(prompt), dtype=torch.long)
-            attention_mask[row, width - len(prompt):] = 1
-    return input_ids, attention_mask
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:

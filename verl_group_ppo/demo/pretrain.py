@@ -7,7 +7,8 @@ is the warm start's and its value head starts at zero). Each pretraining step sa
 ``prompts_per_step x n_samples`` responses from the frozen warm-start policy, computes their targets (lambda
 returns with ``lam``; 1 = Monte Carlo returns) and takes ``epochs`` passes of verl's clipped value loss over
 them. Progress is the critic's explained variance on a fixed held-out set: responses of the same policy to
-held-out prompts, against their Monte Carlo returns, over every response token (verl's ``vf_explained_var``).
+held-out prompts, against their Monte Carlo returns, over every response token (verl's ``vf_explained_var``). The
+layout, the critic's values, the update and the explained variance are :mod:`verl_group_ppo.critic_readout`'s.
 """
 
 from __future__ import annotations
@@ -22,16 +23,15 @@ from typing import Callable, Iterator, Optional
 import numpy as np
 import torch
 
+from verl_group_ppo.critic_readout import (NO_CLIP, ScoredReplies, WarmupSettings, heldout_explained_variance,
+                                           lambda_returns, predict_values, warmup_update)
 from verl_group_ppo.tinytask.evaluation import rewards_for
-from verl_group_ppo.tinytask.model import Rollout, build_critic, critic_values, sample
+from verl_group_ppo.tinytask.model import build_critic, sample
 from verl_group_ppo.tinytask.tasks import Problem, Task
 from verl_group_ppo.tinytask.tokenizer import CharTokenizer
 
-from .optim import gradient_step, minibatches, set_warmup_lr
+from .optim import minibatches, set_warmup_lr
 from .options import option
-
-#: critic loss settings that mean "no value clipping"
-NO_CLIP = 1e9
 
 
 @dataclass(frozen=True)
@@ -98,68 +98,34 @@ class PretrainSamples:
                    cfg.eval_samples)
 
 
-@dataclass
-class ScoredBatch:
-    """Sampled responses with their rewards; tensors (B, T)."""
-
-    rollout: Rollout
-    rewards: torch.Tensor
-
-    @property
-    def mask(self) -> torch.Tensor:
-        return self.rollout.response_mask
-
-
 def sample_scored(policy, task: Task, tok: CharTokenizer, problems: list[Problem], response_len: int,
-                  generator: torch.Generator, temperature: float = 1.0) -> ScoredBatch:
-    """One response per entry of ``problems`` from ``policy`` (no gradient), scored by the verifier."""
+                  generator: torch.Generator, temperature: float = 1.0) -> ScoredReplies:
+    """One response per entry of ``problems`` from ``policy`` (no gradient), scored by the verifier; tensors on the
+    policy's device."""
     from verl_group_ppo.tinytask.warmstart import encode_prompt
 
     with torch.no_grad():
         rollout = sample(policy, [encode_prompt(tok, p) for p in problems], response_len, tok.pad_id, tok.eos_id,
                          generator=generator, temperature=temperature)
     rewards, _, _ = rewards_for(task, tok, rollout, problems)
-    return ScoredBatch(rollout, rewards)
+    return ScoredReplies(rollout.input_ids, rollout.attention_mask, rollout.response_mask, rewards)
 
 
-def lambda_returns(batch: ScoredBatch, values: torch.Tensor, gamma: float, lam: float) -> torch.Tensor:
-    """(B, T) critic targets: verl's GAE returns with ``lam`` (``lam`` = 1: Monte Carlo returns-to-go)."""
-    from verl.trainer.ppo.core_algos import compute_gae_advantage_return
-
-    _, returns = compute_gae_advantage_return(batch.rewards, values, batch.mask, gamma=gamma, lam=lam)
-    return returns
-
-
-def heldout_explained_variance(critic, held: ScoredBatch, gamma: float) -> float:
-    """The critic's explained variance on ``held`` against Monte Carlo returns, over every response token."""
-    from verl_group_ppo.core_algos import explained_variance
-
-    with torch.no_grad():
-        values = critic_values(critic, held.rollout)
-    returns = lambda_returns(held, torch.zeros_like(values), gamma, 1.0)
-    return explained_variance(returns, values, held.mask)
-
-
-def pretrain_step(critic, opt: torch.optim.Optimizer, batch: ScoredBatch, pc: PretrainConfig, recipe: CriticRecipe,
+def pretrain_step(critic, opt: torch.optim.Optimizer, batch: ScoredReplies, pc: PretrainConfig, recipe: CriticRecipe,
                   shuffle: torch.Generator) -> float:
-    """``pc.critic_pretrain_epochs`` passes of verl's clipped value loss (token-mean) over ``batch``; mean loss."""
-    from verl.trainer.ppo.core_algos import compute_value_loss
-
-    mask = batch.mask
-    with torch.no_grad():
-        old_values = critic_values(critic, batch.rollout)
+    """``pc.critic_pretrain_epochs`` passes of shuffled mini-batches over ``batch``, one
+    :func:`~verl_group_ppo.critic_readout.warmup_update` each (verl's clipped value loss, token-mean) against
+    lambda returns on the critic's values before the step; the mean loss."""
+    settings = WarmupSettings(cliprange_value=pc.critic_pretrain_clip, grad_clip=recipe.grad_clip)
+    old_values = predict_values(critic, batch, eval_mode=False)
     returns = lambda_returns(batch, old_values, recipe.gamma, pc.critic_pretrain_lam)
-    losses = []
-    for idx in minibatches(mask.shape[0], recipe.mini_batch_size, pc.critic_pretrain_epochs, shuffle, mask.device):
-        vpreds = critic_values(critic, batch.rollout.select(idx))
-        loss, _ = compute_value_loss(vpreds, returns[idx], old_values[idx], mask[idx],
-                                     cliprange_value=pc.critic_pretrain_clip, loss_agg_mode="token-mean")
-        gradient_step(opt, loss, critic.parameters(), recipe.grad_clip)
-        losses.append(float(loss.detach()))
+    losses = [warmup_update(critic, opt, batch.select(idx), returns[idx], old_values[idx], settings)
+              for idx in minibatches(len(batch), recipe.mini_batch_size, pc.critic_pretrain_epochs, shuffle,
+                                     old_values.device)]
     return float(np.mean(losses))
 
 
-def pretrain_critic(critic, batches: Iterator[ScoredBatch], held: ScoredBatch, pc: PretrainConfig,
+def pretrain_critic(critic, batches: Iterator[ScoredReplies], held: ScoredReplies, pc: PretrainConfig,
                     recipe: CriticRecipe = CriticRecipe(), log: Callable[[str], None] = print) -> list[dict]:
     """Train ``critic`` in place for ``pc.critic_pretrain_steps`` batches from ``batches``; returns the log:
     ``{"step", "heldout_explained_variance", "vf_loss"}`` at step 0, every ``critic_pretrain_eval_every`` steps
@@ -167,14 +133,14 @@ def pretrain_critic(critic, batches: Iterator[ScoredBatch], held: ScoredBatch, p
     (:func:`pretrain_key`)."""
     opt = torch.optim.Adam(critic.parameters(), lr=pc.critic_pretrain_lr)
     shuffle = torch.Generator().manual_seed(60_000 + recipe.seed)
-    history = [{"step": 0, "heldout_explained_variance": heldout_explained_variance(critic, held, recipe.gamma)}]
+    history = [{"step": 0, "heldout_explained_variance": heldout_explained_variance(critic, held, recipe.gamma, eval_mode=False).all}]
     log(f"[critic pretrain] step 0: held-out explained variance {history[0]['heldout_explained_variance']:.3f}")
     losses: list[float] = []
     for step in range(1, pc.critic_pretrain_steps + 1):
         set_warmup_lr(opt, pc.critic_pretrain_lr, step - 1, recipe.lr_warmup_steps)
         losses.append(pretrain_step(critic, opt, next(batches), pc, recipe, shuffle))
         if step % pc.critic_pretrain_eval_every == 0 or step == pc.critic_pretrain_steps:
-            ev = heldout_explained_variance(critic, held, recipe.gamma)
+            ev = heldout_explained_variance(critic, held, recipe.gamma, eval_mode=False).all
             history.append({"step": step, "heldout_explained_variance": ev, "vf_loss": float(np.mean(losses))})
             losses = []
             log(f"[critic pretrain] step {step}: held-out explained variance {ev:.3f}")
@@ -183,7 +149,7 @@ def pretrain_critic(critic, batches: Iterator[ScoredBatch], held: ScoredBatch, p
 
 def policy_batches(policy, task: Task, tok: CharTokenizer, train: list[Problem], response_len: int,
                    prompts_per_step: int, n_samples: int, seed: int = 0,
-                   temperature: float = 1.0) -> Iterator[ScoredBatch]:
+                   temperature: float = 1.0) -> Iterator[ScoredReplies]:
     """Endless batches of ``prompts_per_step`` training prompts x ``n_samples`` responses of ``policy``."""
     rng = np.random.default_rng(70_000 + seed)
     gen = torch.Generator(device=next(policy.parameters()).device).manual_seed(80_000 + seed)
@@ -194,7 +160,7 @@ def policy_batches(policy, task: Task, tok: CharTokenizer, train: list[Problem],
 
 
 def heldout_batch(policy, task: Task, tok: CharTokenizer, evals: list[Problem], response_len: int,
-                  samples: int, temperature: float = 1.0) -> ScoredBatch:
+                  samples: int, temperature: float = 1.0) -> ScoredReplies:
     """The fixed held-out responses the explained variance is measured on (a fixed generator)."""
     gen = torch.Generator(device=next(policy.parameters()).device).manual_seed(90_000)
     return sample_scored(policy, task, tok, [p for p in evals for _ in range(samples)], response_len, gen,
@@ -202,7 +168,7 @@ def heldout_batch(policy, task: Task, tok: CharTokenizer, evals: list[Problem], 
 
 
 def pretraining_data(policy, task: Task, tok: CharTokenizer, train: list[Problem], evals: list[Problem],
-                     samples: PretrainSamples) -> tuple[Iterator[ScoredBatch], ScoredBatch]:
+                     samples: PretrainSamples) -> tuple[Iterator[ScoredReplies], ScoredReplies]:
     """(endless training batches, the held-out responses) of ``policy``, sampled as ``samples`` says."""
     held = heldout_batch(policy, task, tok, evals[:samples.eval_size], samples.response_len, samples.eval_samples,
                          samples.temperature)

@@ -101,8 +101,9 @@ def _completion_scores(task, tok, problems, heads: list[list[int]], tails: list[
 
 def sample_probe_batch(policy, critic, setup, opts: ProbeOptions, generator) -> ProbeBatch:
     """Sample ``prompts x samples`` held-out responses and measure them (critic values, MC values, first wrong token)."""
+    from verl_group_ppo.critic_readout import critic_values
     from verl_group_ppo.tinytask.evaluation import rewards_for
-    from verl_group_ppo.tinytask.model import critic_values, log_probs_and_entropy, sample
+    from verl_group_ppo.tinytask.model import log_probs_and_entropy, sample
     from verl_group_ppo.tinytask.warmstart import encode_prompt
 
     task, tok, cfg = setup.task, setup.tok, setup.cfg

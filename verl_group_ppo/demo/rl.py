@@ -22,8 +22,9 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
+from verl_group_ppo.critic_readout import critic_values
 from verl_group_ppo.tinytask.evaluation import evaluate, rewards_for
-from verl_group_ppo.tinytask.model import Rollout, build_critic, critic_values, log_probs_and_entropy, sample
+from verl_group_ppo.tinytask.model import Rollout, build_critic, log_probs_and_entropy, sample
 from verl_group_ppo.tinytask.tasks import Problem, Task
 from verl_group_ppo.tinytask.tokenizer import CharTokenizer
 

@@ -1,9 +1,10 @@
 """Tiny Qwen2-architecture policy and critic built from a transformers config (no downloads), plus the
 batched sampling and scoring helpers the demo's RL loop uses.
 
-Sequence layout (verl's): ``[left-padded prompt (P) | response (T, right-padded)]``. The policy's log-prob of
-response token t and the critic's value ``V[:, t]`` are both read at position ``P - 1 + t``, the position
-*preceding* response token t, as verl's actor and critic do.
+Sequence layout (verl's, :mod:`verl_group_ppo.critic_readout`): ``[left-padded prompt (P) | response (T,
+right-padded)]``. The policy's log-prob of response token t is read at position ``P - 1 + t``, the position
+*preceding* response token t, as verl's actor does; the critic's values are read the same way by
+:func:`verl_group_ppo.critic_readout.critic_values`.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from verl_group_ppo import critic_readout
 
 MODEL_SIZES = {
     # name: (hidden, layers, heads, intermediate)
@@ -98,18 +101,9 @@ class Rollout:
 
 
 def left_pad(seqs: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    for i, s in enumerate(seqs):
-        if s:
-            ids[i, width - len(s):] = torch.tensor(s, dtype=torch.long)
-            mask[i, width - len(s):] = 1
+    """:func:`verl_group_ppo.critic_readout.left_pad` on ``device``: (ids (N, W), mask (N, W)), int64."""
+    ids, mask = critic_readout.left_pad(seqs, pad_id)
     return ids.to(device), mask.to(device)
-
-
-def _positions(mask: torch.Tensor) -> torch.Tensor:
-    return (mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
 @torch.no_grad()
@@ -124,7 +118,7 @@ def sample(policy, prompts: list[list[int]], max_new_tokens: int, pad_id: int, e
     prompt_ids, prompt_mask = left_pad(prompts, pad_id, device)
     B = prompt_ids.shape[0]
     attn = prompt_mask.clone()
-    pos = _positions(attn)
+    pos = critic_readout.position_ids(attn)
     cache = DynamicCache()
     out = policy(input_ids=prompt_ids, attention_mask=attn, position_ids=pos, past_key_values=cache, use_cache=True)
     logits = out.logits[:, -1].float()
@@ -162,7 +156,8 @@ def _response_hidden_slice(rollout: Rollout) -> slice:
 def response_logits(policy, rollout: Rollout) -> torch.Tensor:
     """(B, T, V) logits predicting each response token."""
     attn = rollout.attention_mask
-    out = policy(input_ids=rollout.input_ids, attention_mask=attn, position_ids=_positions(attn), use_cache=False)
+    out = policy(input_ids=rollout.input_ids, attention_mask=attn, position_ids=critic_readout.position_ids(attn),
+                 use_cache=False)
     return out.logits[:, _response_hidden_slice(rollout)].float()
 
 
@@ -175,9 +170,3 @@ def log_probs_and_entropy(policy, rollout: Rollout, with_entropy: bool = False):
     entropy = -(logp_all.exp() * logp_all).sum(-1)
     return logp, entropy
 
-
-def critic_values(critic, rollout: Rollout) -> torch.Tensor:
-    """(B, T) values; ``V[:, t]`` is read at the position preceding response token t."""
-    attn = rollout.attention_mask
-    out = critic(input_ids=rollout.input_ids, attention_mask=attn, position_ids=_positions(attn), use_cache=False)
-    return out.logits[:, _response_hidden_slice(rollout), 0].float()
