@@ -46,18 +46,18 @@ class LaidOut(Protocol):
 def left_pad(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Token lists left-padded with ``pad_id`` to the longest: (``input_ids`` (N, W), ``attention_mask`` (N, W)),
     both int64 on the CPU, the mask 1 on tokens. An empty list gives a row of padding."""
-    return _pad(seqs, pad_id, "seqs", left=True)
+    return _pad(seqs, pad_id, left=True)
 
 
 def right_pad(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Token lists right-padded with ``pad_id`` to the longest: (``input_ids`` (N, W), ``attention_mask`` (N, W)),
     both int64 on the CPU, the mask 1 on tokens. An empty list gives a row of padding."""
-    return _pad(seqs, pad_id, "seqs", left=False)
+    return _pad(seqs, pad_id, left=False)
 
 
-def _pad(seqs: Sequence[Sequence[int]], pad_id: int, name: str, left: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _pad(seqs: Sequence[Sequence[int]], pad_id: int, left: bool) -> tuple[torch.Tensor, torch.Tensor]:
     if len(seqs) == 0:
-        raise ValueError(f"{name}: need at least one token list, got none")
+        raise ValueError("seqs: need at least one token list, got none")
     width = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(seqs), width), dtype=torch.long)
@@ -231,8 +231,8 @@ class HeldOutFit:
     first: float  # over each reply's first token: the value of the prompt alone
 
 
-def heldout_explained_variance(critic: Any, held: ScoredReplies, gamma: float = 1.0, batch_size: Optional[int] = None,
-                               eval_mode: bool = True) -> HeldOutFit:
+def heldout_explained_variance(critic: Any, held: ScoredReplies, gamma: float = 1.0,
+                               batch_size: Optional[int] = None, eval_mode: bool = True) -> HeldOutFit:
     """The critic's explained variance on ``held`` against its Monte Carlo returns (discount ``gamma``), from
     :func:`verl_group_ppo.core_algos.explained_variance`; values as :func:`predict_values` reads them."""
     values = predict_values(critic, held, batch_size, eval_mode).cpu()

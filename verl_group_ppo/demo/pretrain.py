@@ -115,7 +115,8 @@ def pretrain_step(critic, opt: torch.optim.Optimizer, batch: ScoredReplies, pc: 
                   shuffle: torch.Generator) -> float:
     """``pc.critic_pretrain_epochs`` passes of shuffled mini-batches over ``batch``, one
     :func:`~verl_group_ppo.critic_readout.warmup_update` each (verl's clipped value loss, token-mean) against
-    lambda returns on the critic's values before the step; the mean loss."""
+    lambda returns on the critic's values before the step; the mean loss. Values are read in the critic's train mode,
+    as the demo's RL loop reads them."""
     settings = WarmupSettings(cliprange_value=pc.critic_pretrain_clip, grad_clip=recipe.grad_clip)
     old_values = predict_values(critic, batch, eval_mode=False)
     returns = lambda_returns(batch, old_values, recipe.gamma, pc.critic_pretrain_lam)
@@ -123,6 +124,12 @@ def pretrain_step(critic, opt: torch.optim.Optimizer, batch: ScoredReplies, pc: 
               for idx in minibatches(len(batch), recipe.mini_batch_size, pc.critic_pretrain_epochs, shuffle,
                                      old_values.device)]
     return float(np.mean(losses))
+
+
+def _heldout_ev(critic, held: ScoredReplies, gamma: float) -> float:
+    """The held-out explained variance over every response token (verl's ``vf_explained_var``), the critic read in
+    its train mode, as the demo's RL loop reads it."""
+    return heldout_explained_variance(critic, held, gamma, eval_mode=False).all
 
 
 def pretrain_critic(critic, batches: Iterator[ScoredReplies], held: ScoredReplies, pc: PretrainConfig,
@@ -133,14 +140,14 @@ def pretrain_critic(critic, batches: Iterator[ScoredReplies], held: ScoredReplie
     (:func:`pretrain_key`)."""
     opt = torch.optim.Adam(critic.parameters(), lr=pc.critic_pretrain_lr)
     shuffle = torch.Generator().manual_seed(60_000 + recipe.seed)
-    history = [{"step": 0, "heldout_explained_variance": heldout_explained_variance(critic, held, recipe.gamma, eval_mode=False).all}]
+    history = [{"step": 0, "heldout_explained_variance": _heldout_ev(critic, held, recipe.gamma)}]
     log(f"[critic pretrain] step 0: held-out explained variance {history[0]['heldout_explained_variance']:.3f}")
     losses: list[float] = []
     for step in range(1, pc.critic_pretrain_steps + 1):
         set_warmup_lr(opt, pc.critic_pretrain_lr, step - 1, recipe.lr_warmup_steps)
         losses.append(pretrain_step(critic, opt, next(batches), pc, recipe, shuffle))
         if step % pc.critic_pretrain_eval_every == 0 or step == pc.critic_pretrain_steps:
-            ev = heldout_explained_variance(critic, held, recipe.gamma, eval_mode=False).all
+            ev = _heldout_ev(critic, held, recipe.gamma)
             history.append({"step": step, "heldout_explained_variance": ev, "vf_loss": float(np.mean(losses))})
             losses = []
             log(f"[critic pretrain] step {step}: held-out explained variance {ev:.3f}")
