@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 from verl.trainer.ppo.core_algos import compute_gae_advantage_return, compute_grpo_outcome_advantage
-from verl_group_ppo_testutils_reference import reference_group_ppo
+from verl_group_ppo_testutils_reference import reference_group_ppo, segment_gae_batch
 
 from verl_group_ppo.config import V1_GROUP_PARAMS, GroupParams, read_algorithm_settings
 from verl_group_ppo.core_algos import (
@@ -22,6 +22,7 @@ from verl_group_ppo.core_algos import (
     endpoints_to_group_ids,
     explained_variance,
     find_group_endpoints,
+    segment_gae,
     update_threshold,
 )
 
@@ -141,6 +142,66 @@ def test_fast_equals_loop_reference(case):
     adv, ret = compute_group_advantage(rewards, mask, values=values, index=index, config=cfg, old_log_probs=olp,
                                        threshold=case["threshold"])
     assert torch.equal(adv, out.advantages) and torch.equal(ret, out.returns)
+
+
+# --------------------------------------------------------------------------------------------------
+# step 4's kernel alone == its loop twin
+
+
+@settings(max_examples=150, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), B=st.integers(1, 6), T=st.integers(1, 20),
+       mask_kind=st.sampled_from(["prefix", "holes", "random"]), empty_rows=st.booleans(),
+       gamma=st.one_of(st.sampled_from([0.0, 0.99, 1.0]), st.floats(0.0, 1.0)),
+       lam=st.one_of(st.sampled_from([0.0, 0.95, 1.0, "per_response"]), st.floats(0.0, 1.0)),
+       end_prob=st.sampled_from([0.0, 0.3, 1.0]), dtype=st.sampled_from([torch.float32, F64]))
+def test_segment_gae_equals_its_loop_twin(seed, B, T, mask_kind, empty_rows, gamma, lam, end_prob, dtype):
+    """Holes, empty rows, junk at masked positions, ends anywhere (masked ones included), one lambda or one
+    per response: the vectorised kernel equals the per-response loop, and leaves its inputs as they were."""
+    _, mask, deltas, _, _ = make_batch(seed, B, T, mask_kind, junk=True, empty_rows=empty_rows, dtype=dtype)
+    g = torch.Generator().manual_seed(seed)
+    ends = torch.rand(B, T, generator=g) < end_prob
+    if lam == "per_response":
+        lam = torch.rand(B, generator=g, dtype=F64)
+    before = [x.clone() for x in (deltas, ends, mask)] + [lam.clone() if isinstance(lam, torch.Tensor) else lam]
+    x = segment_gae(deltas, ends, mask, gamma, lam)
+    assert x.dtype == dtype and x.shape == (B, T)
+    assert_close(x, segment_gae_batch(deltas, ends, mask, gamma, lam), 1e-12 if dtype == F64 else 1e-4)
+    assert bool((x[~mask.bool()] == 0).all())
+    after = [deltas, ends, mask, lam]
+    for a, b in zip(before[:3], after[:3]):
+        assert torch.equal(a.nan_to_num(7.0, 7.0, 7.0), b.nan_to_num(7.0, 7.0, 7.0))
+    assert torch.equal(before[3], lam) if isinstance(lam, torch.Tensor) else before[3] == lam
+
+
+def test_segment_gae_with_every_token_an_end_gives_verls_gae_returns():
+    rewards, mask, values, _, _ = make_batch(5, 6, 17, "holes", junk=False)
+    valid = mask.bool()
+    # TD residuals over valid positions, V after the last = 0 (what compute_group_ppo_outputs' step 1 gives)
+    deltas = torch.zeros_like(values)
+    for b in range(mask.shape[0]):
+        p = valid[b].nonzero().squeeze(1).tolist()
+        for i, t in enumerate(p):
+            deltas[b, t] = rewards[b, t] + 0.99 * (values[b, p[i + 1]] if i + 1 < len(p) else 0.0) - values[b, t]
+    x = segment_gae(deltas, torch.ones_like(valid), mask, 0.99, 0.9)
+    _, verl_returns = compute_gae_advantage_return(rewards, values, mask, gamma=0.99, lam=0.9)
+    assert_close((x + values)[valid], verl_returns[valid])
+
+
+@pytest.mark.parametrize("change, name", [
+    ({"deltas": torch.zeros(2, 3, dtype=torch.long)}, "deltas"),
+    ({"deltas": torch.zeros(3, 3)}, "deltas"),
+    ({"ends": torch.zeros(2, 4, dtype=torch.bool)}, "ends"),
+    ({"response_mask": torch.full((2, 3), 0.5)}, "response_mask"),
+    ({"gamma": 1.5}, "gamma"),
+    ({"lam": -0.1}, "lam"),
+    ({"lam": torch.tensor([0.5, 0.5, 0.5])}, "lam"),
+    ({"lam": torch.tensor([0.5, 2.0])}, "lam"),
+])
+def test_segment_gae_bad_input_is_named(change, name):
+    args = {"deltas": torch.zeros(2, 3), "ends": torch.ones(2, 3, dtype=torch.bool), "response_mask": torch.ones(2, 3),
+            "gamma": 1.0, "lam": 0.9, **change}
+    with pytest.raises(ValueError, match=name):
+        segment_gae(**args)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -339,13 +400,13 @@ def test_the_pass_leaves_its_time_major_copies_of_the_inputs_as_they_were(group)
     settings = algo_settings(0.97, 0.9, adv_norm="prompt", **group)
     batch = core._prepare(rewards, mask, values, index, olp, settings.group)
     before = [x.clone() for x in (batch.rewards_tm, batch.values_tm, batch.valid_tm, batch.invalid_tm)]
-    segments = core._segment_advantages(batch, settings, 1.0)
+    steps = core._run_steps(batch, settings, 1.0)
     after = (batch.rewards_tm, batch.values_tm, batch.valid_tm, batch.invalid_tm)
     assert all(torch.equal(a.nan_to_num(7.0, 7.0, 7.0), b.nan_to_num(7.0, 7.0, 7.0)) for a, b in zip(before, after))
     assert torch.equal(before[0].t().nan_to_num(7.0, 7.0, 7.0), rewards.nan_to_num(7.0, 7.0, 7.0))
     out = compute_group_ppo_outputs(rewards, mask, values=values, index=index, old_log_probs=olp, settings=settings,
                                     threshold=1.0)
-    assert torch.equal(segments.advantages, out.advantages) and torch.equal(segments.returns, out.returns)
+    assert torch.equal(steps.advantages, out.advantages) and torch.equal(steps.returns, out.returns)
 
 
 @pytest.mark.parametrize("rule", ["variance", "fixed", "low_prob", "turn"])

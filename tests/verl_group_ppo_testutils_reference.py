@@ -6,7 +6,8 @@ against it on random batches. :func:`reference_group_ppo` runs the steps in orde
 TD residuals (:func:`td_residuals`, step 1), endpoints (:func:`endpoints`, step 2), groups
 (:func:`groups_of`, step 3), segment GAE and broadcast (:func:`segment_gae`, :func:`token_advantages`,
 step 4), critic slots, returns and weights (:func:`response_outputs`, :func:`boundary_explained_variance`,
-step 5), normalisation (:func:`normalise_batch`, :func:`normalise_by_prompt`, step 6).
+step 5), normalisation (:func:`normalise_batch`, :func:`normalise_by_prompt`, step 6). Step 4's kernel alone,
+over a batch: :func:`segment_gae_batch`, the loop twin of ``core_algos.segment_gae``.
 
 Within one response, positions are indices ``i`` into its list of valid positions ``p`` (``p[i]`` the
 response column), as in the spec.
@@ -166,6 +167,22 @@ def segment_gae(d: list[float], e: list[bool], gamma: float, lam: float) -> list
     for i in range(len(d) - 1, -1, -1):
         x[i] = d[i] + gamma * (lam if e[i] else 1.0) * x[i + 1]
     return x[:-1]
+
+
+def segment_gae_batch(deltas: torch.Tensor, ends: torch.Tensor, mask: torch.Tensor, gamma: float,
+                      lam) -> torch.Tensor:
+    """The loop twin of ``core_algos.segment_gae``: :func:`segment_gae` over each response's valid positions, with
+    that response's lambda (``lam``: one float, or one per response); (B, T) float64, 0 at masked positions."""
+    B, T = mask.shape
+    lams = [float(x) for x in lam] if isinstance(lam, (torch.Tensor, list, tuple)) else [float(lam)] * B
+    d, e, m = deltas.double().tolist(), ends.bool().tolist(), mask.tolist()
+    out = [[0.0] * T for _ in range(B)]
+    for b in range(B):
+        p = [t for t in range(T) if m[b][t] != 0]
+        x = segment_gae([d[b][t] for t in p], [e[b][t] for t in p], gamma, lams[b])
+        for i, t in enumerate(p):
+            out[b][t] = x[i]
+    return torch.tensor(out, dtype=torch.float64).reshape(B, T)
 
 
 def token_advantages(x: list[float], groups: list[tuple[int, int]], within_group: str) -> list[float]:

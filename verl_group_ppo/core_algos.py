@@ -4,17 +4,19 @@ Each response is cut into contiguous token groups at dynamically chosen endpoint
 at group boundaries, each group gets one advantage (segment GAE over groups), broadcast to every token
 of the group. docs/algorithm.md explains the steps cited below ("step N") with a worked example.
 
-Where a token's advantage comes from: :func:`compute_group_ppo_outputs` runs steps 1-6 in order:
-:func:`_td_residuals` (1), :func:`_group_ends` (2), :func:`endpoints_to_group_ids` (3),
-:func:`_segment_gaes` (4: the critic's segment GAE, giving the returns, and the policy's, each a
-:func:`_segment_gae_`), :func:`create_critic_endpoint_mask` (5), :func:`_normalize_advantages_` (6);
-:class:`AdaptiveThreshold` then moves tau for the next batch. The policy side, picked once by
-:func:`_policy_side`, says how the policy's segment GAE is cut and what becomes of its X: broadcast from
-each group's first token (:func:`_broadcast_advantages`, the default), kept per token
-(``within_group: per_token``, :func:`_own_advantages`), or token-level GAE kept only at group endpoints
-(``policy_loss_on: endpoints``, :func:`_endpoint_advantages`). ``length_adaptive_alpha`` gives each
-response its own policy lambda (:func:`length_adaptive_lambda`, VAPO's rule).
-:func:`boundary_loss_weights` gives step 7's critic-loss weights. The ``group/*`` metrics are computed in
+Where a token's advantage comes from: both :func:`compute_group_ppo_outputs` and :func:`compute_group_advantage`
+call :func:`_run_steps`, which runs the steps in their order: :func:`_td_residuals` (1), :func:`_group_ends` (2),
+:func:`_make_groups` (3: the groups, computed once; :func:`_group_starts` is the one definition of a group's first
+token, which is its critic slot), :func:`_segment_gae_step` (4: the critic's segment GAE, giving the returns, and
+the policy's, each a :func:`_segment_gae_` loop), the critic mask (5, for :func:`compute_group_ppo_outputs`),
+:func:`_normalize_advantages_` (6), then step 7's :func:`_keep_endpoints_` (the endpoint loss) and
+:func:`_boundary_weights` (the critic's loss weights); :class:`AdaptiveThreshold` then moves tau for the next batch.
+:func:`_segment_gae_step` is the one place the policy side is read, in a plain ``if``/``elif``: the policy's X
+is broadcast from each group's first token (:func:`_broadcast_from_starts_`, the default), kept per token
+(``within_group: per_token``), or token-level GAE kept only at group endpoints (``policy_loss_on: endpoints``).
+``length_adaptive_alpha`` gives each response its own policy lambda (:func:`length_adaptive_lambda`, VAPO's
+rule). The values enter :func:`_run_steps` in one place, as an argument of steps 1 and 4: the critic's.
+:func:`segment_gae` is step 4's kernel as a pure batch-major function. The ``group/*`` metrics are computed in
 :mod:`verl_group_ppo.metrics`; the settings and their defaults live in :mod:`verl_group_ppo.config`.
 
 Conventions (verl's): tensors are (B, T) = (batch, response length); ``response_mask`` is 0/1 and may
@@ -34,12 +36,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, NamedTuple, Optional, Sequence, Union
+from functools import cached_property
+from typing import Any, NamedTuple, Optional, Sequence, Union
 
 import numpy as np
 import torch
 
-from verl_group_ppo.config import AlgorithmSettings, GroupParams, check_threshold, read_algorithm_settings
+from verl_group_ppo.config import (AlgorithmSettings, GroupParams, check_threshold, check_unit_interval,
+                                   read_algorithm_settings)
 from verl_group_ppo.metrics import group_metrics, probability_metrics, sum_of_squares
 
 __all__ = [
@@ -53,6 +57,7 @@ __all__ = [
     "explained_variance",
     "find_group_endpoints",
     "length_adaptive_lambda",
+    "segment_gae",
     "update_threshold",
 ]
 
@@ -126,8 +131,8 @@ def compute_group_advantage(
     """
     settings = read_algorithm_settings(config)
     batch = _prepare(token_level_rewards, response_mask, values, index, old_log_probs, settings.group)
-    segments = _segment_advantages(batch, settings, _resolve_threshold(threshold, settings.group))
-    return segments.advantages, segments.returns
+    steps = _run_steps(batch, settings, _resolve_threshold(threshold, settings.group))
+    return steps.advantages, steps.returns
 
 
 @torch.no_grad()
@@ -152,28 +157,26 @@ def compute_group_ppo_outputs(
                          f"got {type(settings).__name__}")
     batch = _prepare(token_level_rewards, response_mask, values, index, old_log_probs, settings.group)
     tau = _resolve_threshold(threshold, settings.group)
-    segments = _segment_advantages(batch, settings, tau)
-    endpoint_mask = _to_batch_major(segments.ends_tm & batch.valid_tm)
-    group_ids = endpoints_to_group_ids(endpoint_mask, batch.valid_bt)
-    critic_mask = create_critic_endpoint_mask(batch.valid_bt, group_ids).to(segments.advantages.dtype)
-    first = torch.nonzero(critic_mask.reshape(-1)).squeeze(1)  # each group's slot, row by row
-    sizes = torch.nonzero(endpoint_mask.reshape(-1)).squeeze(1) - first + 1  # groups never span a hole
-    mean_size = batch.n_valid / len(sizes) if len(sizes) else math.nan
-    ev = _explained_variance_at(segments.returns, values, first, settings.group.group_epsilon)
-    metrics = group_metrics(settings, batch.valid_bt, batch.n_valid, segments.advantages, sizes, tau, ev)
-    metrics["group/policy_lam"] = segments.policy_lam
+    steps = _run_steps(batch, settings, tau)  # steps 1-7 for the advantages and returns
+    groups, n_valid = steps.groups, batch.n_valid
+    group_ids = groups.ids  # step 3's ids (made once the pass's time-major buffers are freed: peak memory)
+    critic_mask = groups.first.to(steps.advantages.dtype)  # step 5
+    n_groups = len(groups.sizes)
+    ev = _explained_variance_at(steps.returns, values, groups.slots, settings.group.group_epsilon)  # step 6's tau
+    metrics = group_metrics(settings, batch.valid_bt, n_valid, steps.advantages, groups.sizes, tau, ev)
+    metrics["group/policy_lam"] = steps.policy_lam
     if old_log_probs is not None and settings.group.boundary_rule == "low_prob":
-        metrics.update(probability_metrics(old_log_probs, batch.valid_bt, endpoint_mask, critic_mask.bool()))
+        metrics.update(probability_metrics(old_log_probs, batch.valid_bt, groups.endpoint_mask, groups.first))
     return GroupPPOOutputs(
-        advantages=segments.advantages,
-        returns=segments.returns,
+        advantages=steps.advantages,
+        returns=steps.returns,
         group_ids=group_ids,
-        endpoint_mask=endpoint_mask,
+        endpoint_mask=groups.endpoint_mask,
         critic_mask=critic_mask,
-        critic_loss_weights=_boundary_weights(critic_mask, batch.n_valid, len(sizes)),
+        critic_loss_weights=_boundary_weights(critic_mask, n_valid, n_groups),  # step 7
         threshold=tau,
         boundary_explained_variance=ev,
-        mean_group_size=mean_size,
+        mean_group_size=n_valid / n_groups if n_groups else math.nan,
         metrics=metrics,
     )
 
@@ -218,7 +221,7 @@ def find_group_endpoints(
             raise ValueError("values is required by boundary_rule='variance'")
         values = torch.zeros_like(token_level_rewards)
     batch = _prepare(token_level_rewards, response_mask, values, None, old_log_probs, params)
-    ends = _group_ends(_td_residuals(batch, gamma), batch, params, threshold)
+    ends = _group_ends(_td_residuals(batch.values_tm, batch, gamma), batch, params, threshold)
     return _to_batch_major(ends & batch.valid_tm)
 
 
@@ -235,10 +238,47 @@ def endpoints_to_group_ids(endpoints: torch.Tensor, response_mask: torch.Tensor)
     endpoints = endpoints.bool()
     if bool((endpoints & ~valid).any()):
         raise ValueError("endpoints must be False at masked positions of response_mask")
-    after_end = torch.ones_like(valid)  # position t follows an endpoint or a masked position (or is the first)
-    torch.logical_or(endpoints[:, :-1], ~valid[:, :-1], out=after_end[:, 1:])
-    starts = after_end.logical_and_(valid)
-    return torch.cumsum(starts, dim=1, dtype=torch.int32).masked_fill_(~valid, 0).long()
+    starts = _group_starts((endpoints | ~valid).t(), valid.t()).t()  # a masked position ends a group too
+    return _group_ids(starts, valid)
+
+
+@torch.no_grad()
+def segment_gae(deltas: torch.Tensor, ends: torch.Tensor, response_mask: torch.Tensor, gamma: float,
+                lam: Union[float, torch.Tensor]) -> torch.Tensor:
+    """Segment GAE (step 4) as a pure function: the TD residuals' X, backward over each response's valid tokens.
+
+    ``X_i = delta_i + gamma * (lam if i ends a group else 1) * X_{i+1}``, X after the last valid token = 0.
+    Masked positions are skipped (their residual and end flag are never read) and get 0. Every token an end
+    gives token-level GAE (``X + V`` is verl's GAE return); one end per response gives ``R - V`` at lam = 1.
+
+    Args:
+        deltas: (B, T) float TD residuals (step 1), any value at masked positions.
+        ends: (B, T) bool (or 0/1), True at the last valid token of every group (step 2's endpoints).
+        response_mask: (B, T) 0/1, holes allowed.
+        gamma: discount in [0, 1].
+        lam: lambda in [0, 1], or a (B,) tensor of per-response lambdas (as :func:`length_adaptive_lambda`).
+
+    Returns:
+        X, (B, T), a new tensor in float32 (float64 when ``deltas`` is float64), 0 at masked positions; the
+        inputs are left as they were.
+    """
+    valid = _check_mask(response_mask, "response_mask")
+    _check_float(deltas, "deltas", tuple(valid.shape), response_mask.device)
+    if not isinstance(ends, torch.Tensor) or ends.shape != valid.shape:
+        raise ValueError(f"ends must be a tensor of the shape of response_mask {tuple(valid.shape)}, "
+                         f"got {_describe(ends)}")
+    gamma = check_unit_interval(gamma, "gamma")
+    dtype = torch.float64 if deltas.dtype == torch.float64 else torch.float32
+    if isinstance(lam, torch.Tensor):
+        if lam.shape != (valid.shape[0],) or not bool(((lam >= 0) & (lam <= 1)).all()):
+            raise ValueError(f"lam must be in [0, 1], or a ({valid.shape[0]},) tensor of such, got {_describe(lam)}")
+        lam = lam.to(device=deltas.device, dtype=dtype)
+    else:
+        lam = check_unit_interval(lam, "lam")
+    invalid_tm = ~valid.t().contiguous()
+    x = _time_major(deltas, dtype).masked_fill_(invalid_tm, 0.0)
+    _segment_gae_(x, ends.t().bool().contiguous(), invalid_tm, gamma, lam)
+    return _to_batch_major(x.masked_fill_(invalid_tm, 0.0))
 
 
 def create_critic_endpoint_mask(response_mask: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
@@ -261,8 +301,9 @@ def create_critic_endpoint_mask(response_mask: torch.Tensor, group_ids: torch.Te
     if group_ids.shape != valid.shape:
         raise ValueError(f"group_ids must have the shape of response_mask {tuple(valid.shape)}, "
                          f"got {tuple(group_ids.shape)}")
-    first = valid.clone()  # a valid position whose group id differs from its left neighbour's
-    first[:, 1:].logical_and_(group_ids[:, 1:] != group_ids[:, :-1])
+    changes = torch.ones_like(valid)  # the group changes after position t: the ends _group_starts reads
+    torch.ne(group_ids[:, 1:], group_ids[:, :-1], out=changes[:, :-1])
+    first = _group_starts(changes.t(), valid.t()).t()
     dtype = response_mask.dtype if response_mask.is_floating_point() else torch.float32
     return first.to(dtype)
 
@@ -381,7 +422,7 @@ class AdaptiveThreshold:
 
 
 # ==================================================================================================
-# the pipeline (steps 1-6, in time-major buffers)
+# the pass: steps 1-7 in order, in time-major (T, B) buffers
 
 
 @dataclass
@@ -402,166 +443,87 @@ class _Batch:
     n_valid: int
 
 
-@dataclass
-class _Segments:
-    """The two results of steps 1-6, batch-major, and the group ends (time-major) they were cut at."""
+@dataclass(frozen=True)
+class _Groups:
+    """The groups of one batch (step 3), made once by :func:`_make_groups` from step 2's ends and read by every
+    later step: step 4's cuts and broadcast, step 5's critic slots, step 6's per-prompt statistics, step 7's
+    weights and the metrics. A group's first valid token (its critic slot) is :attr:`first`, from
+    :func:`_group_starts`; everything below is made from the ends when first read, and kept."""
 
+    ends_tm: torch.Tensor  # (T, B) bool: each group's last valid token, and every masked position
+    valid_tm: torch.Tensor  # (T, B) bool
+    valid_bt: torch.Tensor  # (B, T) bool
+
+    @cached_property
+    def first(self) -> torch.Tensor:
+        """(B, T) bool: each group's first valid token, its critic slot (step 5). Computed over time, written
+        in batch-major memory, so that :attr:`starts_tm` is the same memory and nothing is stored twice."""
+        return _group_starts(self.ends_tm, self.valid_bt.t()).t()
+
+    @property
+    def starts_tm(self) -> torch.Tensor:
+        """(T, B) bool: :attr:`first` seen time-major (a transposed view, not contiguous)."""
+        return self.first.t()
+
+    @cached_property
+    def endpoint_mask(self) -> torch.Tensor:
+        """(B, T) bool: each group's last valid token (step 2's endpoints)."""
+        return _to_batch_major(self.ends_tm & self.valid_tm)
+
+    @cached_property
+    def ids(self) -> torch.Tensor:
+        """(B, T) long: the 1-based group ids of step 3, 0 at masked positions."""
+        return _group_ids(self.first, self.valid_bt)
+
+    @cached_property
+    def slots(self) -> torch.Tensor:
+        """(G,) long: the flat (B, T) index of each group's first token, row by row."""
+        return torch.nonzero(self.first.view(-1)).squeeze(1)
+
+    @cached_property
+    def sizes(self) -> torch.Tensor:
+        """(G,) long: the valid tokens of each group, in the order of :attr:`slots` (groups never span a hole)."""
+        return torch.nonzero(self.endpoint_mask.view(-1)).squeeze(1).sub_(self.slots).add_(1)
+
+
+class _PolicyX(NamedTuple):
+    """Step 4's X for the advantages, and what steps 6 and 7 need to finish it."""
+
+    x: torch.Tensor  # (T, B): X, in the buffer steps 6 and 7 finish in place
+    stats_at_tm: torch.Tensor  # (T, B) bool: where step 6's per-prompt statistics read X (one place per group)
+    endpoints_tm: Optional[torch.Tensor]  # (T, B) bool: the positions step 7's endpoint loss keeps; None: all
+
+
+class _Steps(NamedTuple):
+    """The results of :func:`_run_steps`: the groups, and (B, T) tensors, 0 at masked positions."""
+
+    groups: _Groups
     advantages: torch.Tensor  # (B, T)
     returns: torch.Tensor  # (B, T)
-    ends_tm: torch.Tensor  # (T, B) bool: group endpoints, and every masked position
     policy_lam: float  # the advantages' lambda (with length_adaptive_alpha: the mean over non-empty responses)
 
 
-@dataclass
-class _Groups:
-    """Every group's first position in the time-major buffers (flat index t * B + b), its response, and
-    X there (= A_k, before normalisation). Ordered by time, then response."""
+def _run_steps(batch: _Batch, settings: AlgorithmSettings, tau: float) -> _Steps:
+    """Steps 1-7 of docs/algorithm.md on one batch, in their order, as far as the advantages and the returns
+    need them. Step 5's critic slots are the groups' first tokens (:attr:`_Groups.first`); the critic's other
+    outputs (group ids, critic mask, explained variance, loss weights) are read off the groups afterwards.
 
-    flat_tm: torch.Tensor  # (G,) long
-    rows: torch.Tensor  # (G,) long
-    advantage: torch.Tensor  # (G,)
+    The values enter here, as an argument of steps 1 and 4: the critic's (``batch.values_tm``).
+    """
+    values = batch.values_tm  # V (T, B): the critic's values, the one source of values (steps 1 and 4)
+    lam = _policy_lambda(batch, settings)
+    delta = _td_residuals(values, batch, settings.gamma)  # step 1, a fresh buffer
+    groups = _make_groups(_group_ends(delta, batch, settings.group, tau), batch)  # steps 2 and 3
+    returns, policy = _segment_gae_step(delta, values, groups, batch, settings, lam)  # step 4, in delta's buffer
+    _normalize_advantages_(policy.x, batch, settings, policy.stats_at_tm)  # step 6
+    if policy.endpoints_tm is not None:  # step 7, the actor's side: the endpoint loss
+        _keep_endpoints_(policy.x, policy.endpoints_tm, batch)
+    return _Steps(groups, _to_batch_major(policy.x), returns, _mean_lambda(lam, batch.valid_bt))
 
 
 def _resolve_threshold(threshold: Optional[float], params: GroupParams) -> float:
     """The tau of this call: ``threshold`` when given, else the configured starting value."""
     return check_threshold(params.group_variance_threshold if threshold is None else threshold, "threshold")
-
-
-def _segment_advantages(batch: _Batch, settings: AlgorithmSettings, tau: float) -> _Segments:
-    """Steps 1, 2, 4 and 6: the group ends, the critic's returns and the advantages.
-
-    The returns come from the groups' segment GAE with ``critic_lam``. The advantages come from the policy
-    side the settings pick (:func:`_policy_side`): a segment GAE with its own cuts and the policy lambda,
-    then what that side does with X, normalised.
-    """
-    delta = _td_residuals(batch, settings.gamma)  # step 1, a fresh buffer
-    ends = _group_ends(delta, batch, settings.group, tau)  # step 2
-    side = _policy_side(settings.group)
-    policy_lam = _policy_lambda(batch, settings)
-    returns, x = _segment_gaes(delta, batch, settings.gamma, (ends, settings.critic_lam),
-                               (side.cuts(ends), policy_lam))  # step 4
-    advantages = side.advantages(x, ends, batch, settings)  # step 4's output, step 6
-    return _Segments(_to_batch_major(advantages), returns, ends, _mean_lambda(policy_lam, batch.valid_bt))
-
-
-_Recursion = tuple[torch.Tensor, Union[float, torch.Tensor]]  # (cuts (T, B) bool, lambda: float or (B,))
-
-
-def _segment_gaes(delta: torch.Tensor, batch: _Batch, gamma: float, critic: _Recursion,
-                  policy: _Recursion) -> tuple[torch.Tensor, torch.Tensor]:
-    """Step 4 for the critic and for the policy, from the TD residuals ``delta`` (T, B), which it consumes.
-
-    Returns ``(returns, x)``: the critic's segment lambda-returns ``X + V`` (B, T), a new tensor, 0 at masked
-    positions; and the policy's X (T, B) in ``delta``'s buffer, for the caller to finish in place. Each of
-    ``critic`` and ``policy`` is (cuts, lambda) of :func:`_segment_gae_`. The one place a buffer serves twice:
-    when the two recursions are the same (equal cuts, one scalar lambda) it runs once and the returns are
-    read from it before it is handed on; otherwise the critic's recursion runs in a copy of ``delta``.
-    """
-    (ends, critic_lam), (cuts, policy_lam) = critic, policy
-    if isinstance(policy_lam, float) and policy_lam == critic_lam and torch.equal(cuts, ends):
-        _segment_gae_(delta, ends, batch.invalid_tm, gamma, critic_lam)
-        return _returns(delta, batch), delta
-    x_critic = delta.clone()
-    _segment_gae_(x_critic, ends, batch.invalid_tm, gamma, critic_lam)
-    _segment_gae_(delta, cuts, batch.invalid_tm, gamma, policy_lam)
-    return _returns(x_critic, batch), delta
-
-
-def _returns(x_tm: torch.Tensor, batch: _Batch) -> torch.Tensor:
-    """``X + V`` from the critic's X (T, B): (B, T), a new tensor, 0 at masked positions."""
-    return _to_batch_major(torch.add(x_tm, batch.values_tm).masked_fill_(batch.invalid_tm, 0.0))
-
-
-# --------------------------------------------------------------------------------------------------
-# the policy side: how the advantages are made from the TD residuals, one entry per option
-
-
-class _PolicySide(NamedTuple):
-    """One way of making the advantages: ``cuts`` gives its segment GAE's cuts (T, B) bool from the group
-    ends (T, B); ``advantages(x, ends, batch, settings)`` turns that GAE's X (T, B) into the normalised
-    advantages (T, B), in place, and returns them."""
-
-    cuts: Callable[[torch.Tensor], torch.Tensor]
-    advantages: Callable[[torch.Tensor, torch.Tensor, _Batch, AlgorithmSettings], torch.Tensor]
-
-
-def _group_cuts(ends_tm: torch.Tensor) -> torch.Tensor:
-    """Cut at the group ends: lambda once per group (segment GAE)."""
-    return ends_tm
-
-
-def _token_cuts(ends_tm: torch.Tensor) -> torch.Tensor:
-    """Cut at every token: token-level GAE."""
-    return torch.ones_like(ends_tm)
-
-
-def _broadcast_advantages(x: torch.Tensor, ends_tm: torch.Tensor, batch: _Batch,
-                          settings: AlgorithmSettings) -> torch.Tensor:
-    """``within_group: broadcast``: every token of group k gets A_k, X at the group's first token."""
-    starts = _group_starts(ends_tm, batch.valid_tm)
-    groups = _prompt_groups(starts, x, settings)  # read before the broadcast
-    _broadcast_from_starts_(x, starts)
-    _normalize_advantages_(x, batch, settings, groups)  # step 6
-    return x
-
-
-def _own_advantages(x: torch.Tensor, ends_tm: torch.Tensor, batch: _Batch,
-                    settings: AlgorithmSettings) -> torch.Tensor:
-    """``within_group: per_token``: every token keeps its own X, lambda at group ends only (SAE's estimator)."""
-    groups = _prompt_groups(_group_starts(ends_tm, batch.valid_tm), x, settings)
-    _normalize_advantages_(x, batch, settings, groups)  # step 6
-    return x
-
-
-def _endpoint_advantages(x: torch.Tensor, ends_tm: torch.Tensor, batch: _Batch,
-                         settings: AlgorithmSettings) -> torch.Tensor:
-    """``policy_loss_on: endpoints``: token-level GAE normalised (each token its own group), then 0 off the
-    group endpoints and ``N_valid / N_endpoints`` times itself at them (both over the whole batch), so that
-    verl's token-mean over the valid tokens equals the mean over the endpoints."""
-    groups = _prompt_groups(batch.valid_tm, x, settings)
-    _normalize_advantages_(x, batch, settings, groups)  # step 6
-    endpoints = ends_tm & batch.valid_tm
-    n_endpoints = int(torch.count_nonzero(endpoints))
-    x.masked_fill_(~endpoints, 0.0)
-    if n_endpoints:
-        x.mul_(batch.n_valid / n_endpoints)
-    return x
-
-
-_POLICY_SIDES = {
-    "broadcast": _PolicySide(_group_cuts, _broadcast_advantages),
-    "per_token": _PolicySide(_group_cuts, _own_advantages),
-    "endpoints": _PolicySide(_token_cuts, _endpoint_advantages),
-}
-
-
-def _policy_side(params: GroupParams) -> _PolicySide:
-    """The one place the policy-side settings are read: ``policy_loss_on: endpoints`` (validated to come with
-    ``within_group: broadcast``), else ``within_group``."""
-    return _POLICY_SIDES["endpoints" if params.policy_loss_on == "endpoints" else params.within_group]
-
-
-def _policy_lambda(batch: _Batch, settings: AlgorithmSettings) -> Union[float, torch.Tensor]:
-    """The advantages' lambda: ``settings.policy_lam``, or with ``length_adaptive_alpha`` a (B,) tensor of
-    per-response lambdas (:func:`length_adaptive_lambda`) in the compute dtype."""
-    alpha = settings.group.length_adaptive_alpha
-    if alpha is None:
-        return float(settings.policy_lam)
-    return length_adaptive_lambda(batch.valid_bt, alpha).to(batch.values_tm.dtype)
-
-
-def _mean_lambda(lam: Union[float, torch.Tensor], valid_bt: torch.Tensor) -> float:
-    """A scalar lambda as it is; per-response lambdas (B,) averaged over the responses with a valid token."""
-    if isinstance(lam, float):
-        return lam
-    rows = valid_bt.any(dim=1)
-    return float(lam[rows].mean()) if bool(rows.any()) else math.nan
-
-
-def _prompt_groups(starts_tm: torch.Tensor, x_tm: torch.Tensor, settings: AlgorithmSettings) -> Optional[_Groups]:
-    """The groups ``adv_norm: prompt`` takes its statistics over (starting at ``starts_tm`` (T, B), with X
-    read there); None for the other modes."""
-    return _locate_groups(starts_tm, x_tm) if settings.group.adv_norm == "prompt" else None
 
 
 def _prepare(rewards, response_mask, values, index, old_log_probs, params: GroupParams) -> _Batch:
@@ -591,15 +553,36 @@ def _prepare(rewards, response_mask, values, index, old_log_probs, params: Group
                   int(torch.count_nonzero(valid_tm)))
 
 
-def _td_residuals(batch: _Batch, gamma: float) -> torch.Tensor:
-    """TD residuals (step 1), (T, B), in a new buffer, 0 at masked positions.
+def _policy_lambda(batch: _Batch, settings: AlgorithmSettings) -> Union[float, torch.Tensor]:
+    """The advantages' lambda: ``settings.policy_lam``, or with ``length_adaptive_alpha`` a (B,) tensor of
+    per-response lambdas (:func:`length_adaptive_lambda`) in the compute dtype."""
+    alpha = settings.group.length_adaptive_alpha
+    if alpha is None:
+        return float(settings.policy_lam)
+    return length_adaptive_lambda(batch.valid_bt, alpha).to(batch.values_tm.dtype)
+
+
+def _mean_lambda(lam: Union[float, torch.Tensor], valid_bt: torch.Tensor) -> float:
+    """A scalar lambda as it is; per-response lambdas (B,) averaged over the responses with a valid token."""
+    if isinstance(lam, float):
+        return lam
+    rows = valid_bt.any(dim=1)
+    return float(lam[rows].mean()) if bool(rows.any()) else math.nan
+
+
+# --------------------------------------------------------------------------------------------------
+# steps 1-3: TD residuals, group ends, groups
+
+
+def _td_residuals(values: torch.Tensor, batch: _Batch, gamma: float) -> torch.Tensor:
+    """TD residuals (step 1) of the rewards and ``values`` (T, B): (T, B), a new buffer, 0 at masked positions.
 
     ``delta_i = r[p_i] + gamma * V[p_{i+1}] - V[p_i]`` over valid positions p_i, V after the last valid
     position = 0. ``V[p_{i+1}]``, the value at the next valid position (across holes too), comes from a
     backward pass that carries the latest valid value. Raises ValueError naming the input when a reward
     or value at a valid position is not finite.
     """
-    values, valid = batch.values_tm, batch.valid_tm
+    valid = batch.valid_tm
     delta = torch.empty_like(values)
     delta[-1:].zero_()
     xp, (d_, v_, ok_) = _array_backend(delta, values, valid)
@@ -681,21 +664,90 @@ def _scan_budget(inc: torch.Tensor, limits: torch.Tensor) -> torch.Tensor:
     return ends
 
 
+def _make_groups(ends_tm: torch.Tensor, batch: _Batch) -> _Groups:
+    """Step 3: the groups cut at ``ends_tm`` (T, B) bool, True at every endpoint and masked position."""
+    return _Groups(ends_tm, batch.valid_tm, batch.valid_bt)
+
+
 def _group_starts(ends_tm: torch.Tensor, valid_tm: torch.Tensor) -> torch.Tensor:
-    """(T, B) bool group starts: valid positions that follow an end (or a masked position, or nothing)."""
+    """Each group's first valid token: the one definition of it in this module (the pass, the group ids and the
+    critic mask all come from here). (T, B) bool, True at a valid position that is the first of its response
+    or follows a True of ``ends_tm`` (T, B) bool, which must be True at each group's last token and at every
+    masked position. The result has ``valid_tm``'s memory layout (time-major, or a transposed (B, T) tensor)."""
     starts = torch.empty_like(valid_tm)
     starts[:1] = valid_tm[:1]
     torch.logical_and(valid_tm[1:], ends_tm[:-1], out=starts[1:])
     return starts
 
 
+def _group_ids(starts: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Step 3's ids from the groups' first tokens ``starts`` (B, T) bool: long (B, T), 1-based, 0 where
+    ``valid`` (B, T) bool is False."""
+    return torch.cumsum(starts, dim=1, dtype=torch.int32).masked_fill_(~valid, 0).long()
+
+
+# --------------------------------------------------------------------------------------------------
+# step 4: segment GAE, for the critic's returns and, by the policy side, for the advantages
+
+
+def _segment_gae_step(delta: torch.Tensor, values: torch.Tensor, groups: _Groups, batch: _Batch,
+                      settings: AlgorithmSettings, lam: Union[float, torch.Tensor]) -> tuple[torch.Tensor, _PolicyX]:
+    """Step 4 from the TD residuals ``delta`` (T, B), which it consumes, and ``values`` (T, B): the critic's
+    returns (B, T) (:func:`_segment_gaes` with the groups' cuts and ``critic_lam``) and the advantages' X,
+    made as the policy side asks. The one place ``policy_loss_on`` and ``within_group`` are read:
+
+    - ``policy_loss_on: endpoints``: token-level GAE with ``lam`` (every token cut), which step 6 normalises
+      over every valid token and step 7 keeps at the group endpoints only;
+    - ``within_group: per_token``: the groups' segment GAE with ``lam``, each token keeping its own X;
+    - else (``broadcast``): the groups' segment GAE with ``lam``, X at each group's first token written to
+      every token of the group (:func:`_broadcast_from_starts_`).
+    """
+    params, ends, gamma = settings.group, groups.ends_tm, settings.gamma
+    if params.policy_loss_on == "endpoints":
+        every_token = torch.ones_like(ends)
+        returns, x = _segment_gaes(delta, values, batch, gamma, (ends, settings.critic_lam), (every_token, lam))
+        return returns, _PolicyX(x, batch.valid_tm, ends & batch.valid_tm)
+    elif params.within_group == "per_token":
+        returns, x = _segment_gaes(delta, values, batch, gamma, (ends, settings.critic_lam), (ends, lam))
+        return returns, _PolicyX(x, groups.starts_tm, None)
+    else:
+        returns, x = _segment_gaes(delta, values, batch, gamma, (ends, settings.critic_lam), (ends, lam))
+        _broadcast_from_starts_(x, groups.starts_tm)
+        return returns, _PolicyX(x, groups.starts_tm, None)
+
+
+_Recursion = tuple[torch.Tensor, Union[float, torch.Tensor]]  # (cuts (T, B) bool, lambda: float or (B,))
+
+
+def _segment_gaes(delta: torch.Tensor, values: torch.Tensor, batch: _Batch, gamma: float, critic: _Recursion,
+                  policy: _Recursion) -> tuple[torch.Tensor, torch.Tensor]:
+    """Step 4 for the critic and for the policy, from the TD residuals ``delta`` (T, B), which it consumes.
+
+    Returns ``(returns, x)``: the critic's segment lambda-returns ``X + V`` (B, T) with ``values`` (T, B), a
+    new tensor, 0 at masked positions; and the policy's X (T, B) in ``delta``'s buffer, for the caller to
+    finish in place. Each of ``critic`` and ``policy`` is (cuts, lambda) of :func:`_segment_gae_`. The one
+    place a buffer serves twice: when the two recursions are the same (equal cuts, one scalar lambda) it runs
+    once and the returns are read from it before it is handed on; otherwise the critic's recursion runs in a
+    copy of ``delta``.
+    """
+    (ends, critic_lam), (cuts, policy_lam) = critic, policy
+    if isinstance(policy_lam, float) and policy_lam == critic_lam and torch.equal(cuts, ends):
+        _segment_gae_(delta, ends, batch.invalid_tm, gamma, critic_lam)
+        return _returns(delta, values, batch), delta
+    x_critic = delta.clone()
+    _segment_gae_(x_critic, ends, batch.invalid_tm, gamma, critic_lam)
+    _segment_gae_(delta, cuts, batch.invalid_tm, gamma, policy_lam)
+    return _returns(x_critic, values, batch), delta
+
+
 def _segment_gae_(x: torch.Tensor, ends_tm: torch.Tensor, invalid_tm: torch.Tensor, gamma: float,
                   lam: Union[float, torch.Tensor]) -> None:
-    """Segment GAE (step 4), in place: TD residuals ``x`` (T, B) become ``X``.
+    """The segment-GAE loop of :func:`segment_gae`, in place: TD residuals ``x`` (T, B), 0 at masked positions,
+    become ``X``.
 
     ``X_i = delta_i + gamma * (lam if i is an endpoint else 1) * X_{i+1}`` backward over valid positions,
-    X after the last = 0; masked positions pass X through unchanged (their delta is 0, factor 1). ``lam`` is
-    a float or a (B,) tensor of per-response lambdas in ``x``'s dtype.
+    X after the last = 0; masked positions pass X through unchanged (their delta is 0, factor 1). ``ends_tm``
+    (T, B) bool marks the ends; ``lam`` is a float or a (B,) tensor of per-response lambdas in ``x``'s dtype.
     """
     T, B = x.shape
     lam_ = lam if isinstance(lam, torch.Tensor) else _scalar(float(lam), x)
@@ -707,23 +759,34 @@ def _segment_gae_(x: torch.Tensor, ends_tm: torch.Tensor, invalid_tm: torch.Tens
         xp.add(x_[t], tmp_, out=x_[t])
 
 
+def _returns(x_tm: torch.Tensor, values: torch.Tensor, batch: _Batch) -> torch.Tensor:
+    """``X + V`` from the critic's X and ``values`` (T, B): (B, T), a new tensor, 0 at masked positions."""
+    return _to_batch_major(torch.add(x_tm, values).masked_fill_(batch.invalid_tm, 0.0))
+
+
 def _broadcast_from_starts_(x: torch.Tensor, starts_tm: torch.Tensor) -> None:
-    """In place, forward in time: every non-start position takes the value of the position before it,
-    so each group carries the value at its first token (A_k = X at s_k)."""
-    not_start = ~starts_tm
+    """In place on ``x`` (T, B), forward in time: every non-start position takes the value of the position
+    before it, so each group carries the value at its first token (A_k = X at s_k). ``starts_tm`` (T, B) bool
+    may be a transposed view; the loop reads a contiguous time-major copy of its negation."""
+    not_start = torch.logical_not(starts_tm, out=torch.empty_like(x, dtype=torch.bool))
     xp, (x_, not_start_) = _array_backend(x, not_start)
     for t in range(1, x.shape[0]):
         _select(xp, not_start_[t], x_[t - 1], x_[t], out=x_[t])
 
 
+# --------------------------------------------------------------------------------------------------
+# steps 6 and 7: normalisation, the endpoint loss, the critic-loss weights
+
+
 def _normalize_advantages_(x: torch.Tensor, batch: _Batch, settings: AlgorithmSettings,
-                           groups: Optional[_Groups]) -> None:
+                           stats_at_tm: torch.Tensor) -> None:
     """Step 6, in place on the advantages ``x`` (T, B): 0 at masked positions, then per ``adv_norm``.
 
     ``batch``: verl's ``masked_whiten`` over valid tokens (mean = sum / (n + 1e-8), Bessel-corrected
     variance, ``(x - mean) * rsqrt(var + 1e-8)``), skipped with fewer than 2 valid tokens.
-    ``prompt``: per prompt id, mean and Bessel std over ``groups``' advantages (each group once; a prompt
-    with one group gets mean 0, std 1); ``(A - mean) / (std + eps)``, or ``A - mean`` without std scaling.
+    ``prompt``: per prompt id, mean and Bessel std over the advantages at ``stats_at_tm`` (T, B) bool (one
+    position per group: each group once; a prompt with one group gets mean 0, std 1);
+    ``(A - mean) / (std + eps)``, or ``A - mean`` without std scaling.
     """
     invalid_tm, mode = batch.invalid_tm, settings.group.adv_norm
     x.masked_fill_(invalid_tm, 0.0)
@@ -734,14 +797,17 @@ def _normalize_advantages_(x: torch.Tensor, batch: _Batch, settings: AlgorithmSe
         var = sum_of_squares(x) / (n + 1e-8) * (n / (n - 1))
         x.mul_(1.0 / math.sqrt(var + 1e-8)).masked_fill_(invalid_tm, 0.0)
     elif mode == "prompt":
-        _normalize_by_prompt_(x, batch, groups, settings.norm_adv_by_std_in_grpo, settings.group.group_epsilon)
+        _normalize_by_prompt_(x, batch, stats_at_tm, settings.norm_adv_by_std_in_grpo, settings.group.group_epsilon)
 
 
-def _normalize_by_prompt_(x: torch.Tensor, batch: _Batch, groups: _Groups, norm_by_std: bool, eps: float) -> None:
-    """``adv_norm: prompt`` in place on ``x`` (T, B), 0 at masked positions (see :func:`_normalize_advantages_`)."""
-    group_adv, index = groups.advantage, batch.index
+def _normalize_by_prompt_(x: torch.Tensor, batch: _Batch, stats_at_tm: torch.Tensor, norm_by_std: bool,
+                          eps: float) -> None:
+    """``adv_norm: prompt`` in place on ``x`` (T, B), 0 at masked positions (see :func:`_normalize_advantages_`).
+    The statistics sum the advantages in time-major order (by time, then response)."""
+    flat = torch.nonzero(stats_at_tm.reshape(-1)).squeeze(1)  # time-major order
+    group_adv, index = x.view(-1)[flat], batch.index
     row_pid = torch.as_tensor(index, device=x.device)
-    pid = row_pid[groups.rows]
+    pid = row_pid[flat % x.shape[1]]
     n_prompts = int(index.max()) + 1 if len(index) else 0
     count = torch.bincount(pid, minlength=n_prompts).to(x.dtype)
     total = torch.zeros(n_prompts, dtype=x.dtype, device=x.device).index_add_(0, pid, group_adv)
@@ -754,16 +820,20 @@ def _normalize_by_prompt_(x: torch.Tensor, batch: _Batch, groups: _Groups, norm_
     x.masked_fill_(batch.invalid_tm, 0.0)
 
 
+def _keep_endpoints_(x: torch.Tensor, endpoints_tm: torch.Tensor, batch: _Batch) -> None:
+    """Step 7's endpoint loss (``policy_loss_on: endpoints``), in place on the normalised advantages ``x``
+    (T, B): 0 off ``endpoints_tm`` (T, B) bool, ``N_valid / N_endpoints`` times itself on them (both counted
+    over the batch), so that verl's token-mean over the valid tokens is the mean over the endpoints."""
+    n_endpoints = int(torch.count_nonzero(endpoints_tm))
+    x.masked_fill_(~endpoints_tm, 0.0)
+    if n_endpoints:
+        x.mul_(batch.n_valid / n_endpoints)
+
+
 def _boundary_weights(critic_mask: torch.Tensor, n_counted: int, n_boundary: int) -> torch.Tensor:
     """:func:`boundary_loss_weights` from checked inputs: ``critic_mask`` (B, T) float 0/1 with
     ``n_boundary`` ones, times ``n_counted / n_boundary`` (a new tensor; all 0 without a boundary)."""
     return critic_mask * (n_counted / n_boundary) if n_boundary else critic_mask.clone()
-
-
-def _locate_groups(starts_tm: torch.Tensor, x_tm: torch.Tensor) -> _Groups:
-    """All groups' first positions (one ``nonzero``), with X read there."""
-    flat = torch.nonzero(starts_tm.view(-1)).squeeze(1)
-    return _Groups(flat, flat % starts_tm.shape[1], x_tm.view(-1)[flat])
 
 
 def _explained_variance_at(returns: torch.Tensor, values: torch.Tensor, flat_index: torch.Tensor,
