@@ -4,20 +4,22 @@ Each response is cut into contiguous token groups at dynamically chosen endpoint
 at group boundaries, each group gets one advantage (segment GAE over groups), broadcast to every token
 of the group. docs/algorithm.md explains the steps cited below ("step N") with a worked example.
 
-Where a token's advantage comes from: both :func:`compute_group_ppo_outputs` and :func:`compute_group_advantage`
-call :func:`_run_steps`, which runs the steps in their order: :func:`_td_residuals` (1), :func:`_group_ends` (2),
-:func:`_make_groups` (3: the groups, computed once; :func:`_group_starts` is the one definition of a group's first
-token, which is its critic slot), :func:`_segment_gae_step` (4: the critic's segment GAE, giving the returns, and
-the policy's, each a :func:`_segment_gae_` loop), the critic mask (5, for :func:`compute_group_ppo_outputs`),
-:func:`_normalize_advantages_` (6), then step 7's :func:`_keep_endpoints_` (the endpoint loss) and
-:func:`_boundary_weights` (the critic's loss weights); :class:`AdaptiveThreshold` then moves tau for the next batch.
-:func:`_segment_gae_step` is the one place the policy side is read, in a plain ``if``/``elif``: the policy's X
-is broadcast from each group's first token (:func:`_broadcast_from_starts_`, the default), kept per token
-(``within_group: per_token``), or token-level GAE kept only at group endpoints (``policy_loss_on: endpoints``).
-``length_adaptive_alpha`` gives each response its own policy lambda (:func:`length_adaptive_lambda`, VAPO's
-rule). The values enter :func:`_run_steps` in one place, as an argument of steps 1 and 4: the critic's.
-:func:`segment_gae` is step 4's kernel as a pure batch-major function. The ``group/*`` metrics are computed in
-:mod:`verl_group_ppo.metrics`; the settings and their defaults live in :mod:`verl_group_ppo.config`.
+Where a token's advantage comes from: :func:`compute_group_ppo_outputs` and :func:`compute_group_advantage` call
+:func:`_run_steps`, which runs the steps in their order as far as the advantages and returns need them:
+:func:`_td_residuals` (1), :func:`_group_ends` (2), :func:`_make_groups` (3: the groups, computed once;
+:func:`_group_starts` is the one definition of a group's first token, which is also its critic slot),
+:func:`_segment_gae_step` (4: the critic's segment GAE, giving the returns, and the policy's, each a
+:func:`_segment_gae_` loop), :func:`_normalize_advantages_` (6), :func:`_keep_endpoints_` (7, the endpoint loss).
+:func:`compute_group_ppo_outputs` then reads the critic's outputs off the groups, in step order too: the group
+ids (3), the critic mask (5), the boundary explained variance (6) and :func:`_boundary_weights` (7);
+:class:`AdaptiveThreshold` then moves tau for the next batch. :func:`_segment_gae_step` is the one place the
+policy side is read, in a plain ``if``/``elif``: the policy's X is broadcast from each group's first token
+(:func:`_broadcast_from_starts_`, the default), kept per token (``within_group: per_token``), or token-level GAE
+kept only at group endpoints (``policy_loss_on: endpoints``). ``length_adaptive_alpha`` gives each response its
+own policy lambda (:func:`length_adaptive_lambda`, VAPO's rule). The values enter :func:`_run_steps` in one
+place, as an argument of steps 1 and 4: the critic's. :func:`segment_gae` is step 4's kernel as a pure
+batch-major function. The ``group/*`` metrics are computed in :mod:`verl_group_ppo.metrics`; the settings and
+their defaults live in :mod:`verl_group_ppo.config`.
 
 Conventions (verl's): tensors are (B, T) = (batch, response length); ``response_mask`` is 0/1 and may
 have holes (multi-turn tool observations); ``values[b, t]`` is the critic's value of the state before

@@ -78,6 +78,7 @@ def group_ppo_estimator(token_level_rewards, response_mask, config=None, index=N
     from verl_group_ppo.config import read_algorithm_settings
     from verl_group_ppo.core_algos import compute_group_ppo_outputs
 
+    # the values, from here or from the trainer's context, enter the pass at core_algos._run_steps
     outputs = compute_group_ppo_outputs(token_level_rewards, response_mask, values=values,
                                         settings=read_algorithm_settings(config), index=index,
                                         old_log_probs=old_log_probs, threshold=threshold)
