@@ -45,6 +45,7 @@ state = {
                              "verl_group_ppo_cpu_original"),
     "engine_device": os.environ.get("VERL_ENGINE_DEVICE"),
     "installed": cpu.install_if_requested(),
+    "hf_rollout_imported": "verl_group_ppo.cpu.rollout" in sys.modules,
 }
 if state["installed"]:
     from verl.workers.engine.base import EngineRegistry
@@ -56,15 +57,18 @@ print(json.dumps(state))
 
 @pytest.mark.slow
 def test_backend_is_inert_without_verl_platform_cpu():
-    """VERL_PLATFORM unset: importing verl loads our plugin, which imports no backend module and changes
-    neither verl, torch nor the environment."""
+    """VERL_PLATFORM unset: importing verl loads our plugin, which changes neither torch nor the environment and
+    installs no CPU platform; only the parts for every platform are there once verl imports their modules: the
+    ``hf`` rollout, registered by name without importing it, and the critic's value-model loader."""
     state = cpu_utils.run_python(STATE_PROBE, platform=None)
     assert state["plugin_loaded"], "the verl-group-ppo plugin did not load; this test would prove nothing"
-    assert state["backend_modules"] == []
+    assert set(state["backend_modules"]) <= {"verl_group_ppo.cpu.patching", "verl_group_ppo.cpu.valuehead"}
     assert state["env_added"] == []
     assert not state["cpu_platform_registered"]
-    assert state["hf_adapter"] is None and not state["hf_replica"]
-    assert not state["init_pg_patched"] and not state["valuehead_patched"] and not state["fsdp1_patched"]
+    assert state["hf_adapter"] == cpu.ADAPTER_PATH and state["hf_replica"]
+    assert not state["hf_rollout_imported"]
+    assert state["valuehead_patched"]
+    assert not state["init_pg_patched"] and not state["fsdp1_patched"]
     assert state["engine_device"] is None
     assert state["installed"] is False
 
@@ -299,6 +303,52 @@ def test_valuehead_loader_uses_configured_attention(tmp_path, monkeypatch):
             verl_model.load_valuehead_model(str(tmp_path), torch.float32, flash, False)
 
 
+def test_valuehead_patch_checks_its_target_and_names_it():
+    """The loader replacement refuses a verl whose ``load_valuehead_model`` is missing or takes other
+    parameters, naming the function; verl 0.9.1's passes."""
+    import verl.utils.model as verl_model
+
+    from verl_group_ppo.cpu.patching import PatchTargetError, check_target
+
+    check_target(verl_model, "load_valuehead_model", valuehead.LOADER_PARAMETERS)
+    changed = SimpleNamespace(__name__="verl.utils.model", load_valuehead_model=lambda path, dtype, config, remote: 0)
+    with pytest.raises(PatchTargetError, match=r"verl\.utils\.model\.load_valuehead_model takes \['path'"):
+        check_target(changed, "load_valuehead_model", valuehead.LOADER_PARAMETERS)
+    with pytest.raises(PatchTargetError, match="does not exist"):
+        check_target(SimpleNamespace(__name__="verl.utils.model"), "load_valuehead_model", valuehead.LOADER_PARAMETERS)
+
+
+def test_critic_attention_is_read_from_the_config_with_verls_default():
+    assert valuehead.critic_attention({}) == "flash_attention_2"
+    assert valuehead.critic_attention(OmegaConf.create({"critic": {"model": {"override_config": {}}}})) \
+        == "flash_attention_2"
+    sdpa = OmegaConf.create({"critic": {"model": {"override_config": {"attn_implementation": "sdpa"}}}})
+    assert valuehead.critic_attention(sdpa) == "sdpa"
+    valuehead.check_critic_attention(sdpa)
+
+
+def test_plugin_registers_the_hf_rollout_and_loader_on_any_platform(monkeypatch):
+    """The plugin's installs (run when verl imports each module) register ``hf`` by name and the loader,
+    whatever VERL_PLATFORM says."""
+    import verl.utils.model as verl_model
+    from verl.workers.rollout import base as rollout_base
+    from verl.workers.rollout import replica as rollout_replica
+
+    from verl_group_ppo.integration import entry_point
+
+    monkeypatch.delenv("VERL_PLATFORM", raising=False)
+    monkeypatch.setattr(rollout_base, "_ROLLOUT_REGISTRY", {})
+    monkeypatch.setattr(rollout_replica.RolloutReplicaRegistry, "_registry", {})
+    monkeypatch.setattr(verl_model, "load_valuehead_model", getattr(verl_model.load_valuehead_model, PATCH_MARK,
+                                                                    verl_model.load_valuehead_model))
+    entry_point.install_hf_adapter(rollout_base)
+    entry_point.install_hf_replica(rollout_replica)
+    entry_point.install_valuehead_loader(verl_model)
+    assert rollout_base.get_rollout_class("hf") is rollout.HFRolloutAdapter
+    assert rollout_replica.get_rollout_replica_class("hf") is rollout.HFRolloutReplica
+    assert getattr(verl_model.load_valuehead_model, PATCH_MARK, None) is not None
+
+
 # ==================================================================================================
 # batched generation
 
@@ -360,6 +410,95 @@ def test_each_request_stops_at_its_own_eos_and_budget():
     assert len(stopped[0].token_ids) <= 3 and stopped[0].stopped_at_eos
     short = generate_batch(model, [requests[0], _requests([4], max_tokens=2)[0]], [], cpu_utils.PAD_ID)
     assert [len(c.token_ids) for c in short] == [10, 2]
+
+
+# ----------------------------------------------------------------------------------------------------
+# the device: every tensor and the seeded generator on the trainer's device, CPU results unchanged
+
+
+def test_generation_on_an_explicit_device_equals_the_models_device():
+    """Seeded sampling with ``device="cpu"`` given gives exactly the tokens and log-probs of the default."""
+    model = cpu_utils.tiny_qwen2()
+    requests = _requests([4, 7, 2], max_tokens=6, temperature=0.9, top_k=20, top_p=0.9)
+    default = generate_batch(model, requests, [], cpu_utils.PAD_ID, torch.Generator().manual_seed(5))
+    explicit = generate_batch(model, requests, [], cpu_utils.PAD_ID, torch.Generator(device="cpu").manual_seed(5),
+                              device="cpu")
+    assert explicit == default
+
+
+def test_generation_refuses_a_device_the_model_is_not_on():
+    model = cpu_utils.tiny_qwen2()
+    with pytest.raises(ValueError, match=r"device='meta' but the model's parameters are on cpu"):
+        generate_batch(model, _requests([3]), [], cpu_utils.PAD_ID, device="meta")
+
+
+def test_sampler_refuses_a_generator_of_another_device():
+    """``torch.multinomial`` takes only a generator of the tensors' device; the sampler says which one to make
+    (a CPU generator with CUDA logits, and a CUDA generator with CPU logits, the CUDA one faked here)."""
+    logits = torch.zeros(2, 5)
+    settings = (torch.ones(2), torch.full((2,), -1), torch.ones(2))
+    cuda_generator = SimpleNamespace(device=torch.device("cuda", 0))
+    with pytest.raises(ValueError, match=r"torch.Generator\(device='cpu'\)"):
+        generation.sample_tokens(logits, *settings, generator=cuda_generator)
+    with pytest.raises(ValueError, match=r"torch.Generator\(device='cuda'\)"):
+        generation.check_generator_device(torch.Generator(), "cuda:0")
+    generation.check_generator_device(torch.Generator(), "cpu")
+    generation.check_generator_device(None, "cuda")
+
+
+def test_server_device_follows_the_trainers_device_kind():
+    assert rollout.server_device("cpu", replica_rank=3, device_count=0) == torch.device("cpu")
+    assert rollout.server_device("cuda", replica_rank=3, device_count=2) == torch.device("cuda", 1)
+    assert rollout.server_device("cuda", replica_rank=0, device_count=8) == torch.device("cuda", 0)
+    with pytest.raises(RuntimeError, match="RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO"):
+        rollout.server_device("cuda", replica_rank=0, device_count=0)
+    assert rollout.visible_device_count("cpu") == 0
+    assert rollout.visible_device_count("cuda") == (torch.cuda.device_count() if torch.cuda.is_available() else 0)
+
+
+def test_server_puts_model_and_generator_on_its_device(monkeypatch):
+    """The server generates on the device kind it is given; on CPU its seeded generator samples exactly what a
+    default ``torch.Generator`` with the same seed samples; asking for CUDA where none is visible fails at once."""
+    model = cpu_utils.tiny_qwen2()
+    server = rollout.HFRolloutServer(OmegaConf.create({"prompt_length": 32, "response_length": 6, "seed": 4}),
+                                     None, replica_rank=1, model=model, device_type="cpu")
+    assert server.device == torch.device("cpu") and server.generator.device == torch.device("cpu")
+    requests = _requests([3, 6], max_tokens=5, temperature=1.0)
+    expected = generate_batch(model, requests, server.eos_token_ids, server.pad_token_id,
+                              torch.Generator().manual_seed(5))
+    assert server._generate(requests) == expected
+    seen = []
+    monkeypatch.setattr(rollout, "generate_batch", lambda *args, **kwargs: seen.append(kwargs["device"]) or [])
+    server._generate(requests)
+    assert seen == [torch.device("cpu")], "the server must hand its device to the generation"
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="sees no cuda device"):
+            rollout.HFRolloutServer(OmegaConf.create({}), None, model=model, device_type="cuda")
+
+
+def test_replica_launches_its_server_on_the_trainers_device_kind(monkeypatch):
+    """``launch_servers`` hands the server verl's device name of the launching process."""
+    launched = {}
+
+    class _Remote:
+        def __init__(self, cls):
+            self.cls = cls
+
+        def options(self, **options):
+            return self
+
+        def remote(self, **kwargs):
+            launched.update(kwargs)
+            return SimpleNamespace(stats=SimpleNamespace(remote=lambda: asyncio.sleep(0)))
+
+    monkeypatch.setattr(rollout.ray, "remote", _Remote)
+    monkeypatch.setattr(rollout, "trainer_device_type", lambda: "cuda")
+    monkeypatch.setattr(rollout.HFRolloutReplica, "max_concurrency", 8)
+    replica = rollout.HFRolloutReplica.__new__(rollout.HFRolloutReplica)
+    replica.replica_rank, replica.name_suffix = 0, ""
+    replica.config, replica.model_config = OmegaConf.create({}), None
+    asyncio.run(replica.launch_servers())
+    assert launched["device_type"] == "cuda" and launched["replica_rank"] == 0
 
 
 def test_resolve_max_tokens_follows_verls_vllm_server():

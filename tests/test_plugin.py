@@ -507,8 +507,28 @@ def test_validate_config_wrapper_checks_group_ppo_only_before_ray(monkeypatch):
     monkeypatch.setattr(checks, "check_accelerator", lambda config: seen.append("checked"))
     validate_config = checks.make_validate_config(lambda config, **kwargs: seen.append(kwargs["use_critic"]))
     monkeypatch.setattr(checks, "_ray_started", lambda: False)
-    validate_config(config={"algorithm": {"adv_estimator": "gae"}}, use_critic=1)
-    validate_config(config={"algorithm": {"adv_estimator": "group_ppo"}}, use_critic=2)
+    sdpa = {"model": {"override_config": {"attn_implementation": "sdpa"}}}
+    validate_config(config={"algorithm": {"adv_estimator": "gae"}, "critic": sdpa}, use_critic=1)
+    validate_config(config={"algorithm": {"adv_estimator": "group_ppo"}, "critic": sdpa}, use_critic=2)
     monkeypatch.setattr(checks, "_ray_started", lambda: True)  # inside Ray (a TaskRunner): nothing to say
     validate_config({"algorithm": {"adv_estimator": "group_ppo"}}, use_critic=3)
     assert seen == [1, "checked", 2, 3]
+
+
+@pytest.mark.parametrize("estimator", ["gae", "group_ppo"])
+def test_validate_config_names_the_attention_override_when_the_critic_would_need_flash_attn(monkeypatch, estimator):
+    """verl's critic asks for flash_attention_2 unless told otherwise; without flash_attn the start-up check
+    names the override before Ray starts, for any run that trains a critic, and says nothing without one."""
+    from verl_group_ppo.cpu import valuehead
+    from verl_group_ppo.integration import checks
+
+    monkeypatch.setattr(checks, "check_accelerator", lambda config: None)
+    monkeypatch.setattr(checks, "_ray_started", lambda: False)
+    monkeypatch.setattr(valuehead, "flash_attn_installed", lambda: False)
+    validate_config = checks.make_validate_config(lambda config, **kwargs: "verl ran")
+    config = {"algorithm": {"adv_estimator": estimator}}
+    with pytest.raises(ValueError, match=r"\+critic\.model\.override_config\.attn_implementation=sdpa"):
+        validate_config(config=config, use_reference_policy=False, use_critic=True)
+    assert validate_config(config=config, use_reference_policy=False, use_critic=False) == "verl ran"
+    config["critic"] = {"model": {"override_config": {"attn_implementation": "sdpa"}}}
+    assert validate_config(config=config, use_reference_policy=False, use_critic=True) == "verl ran"

@@ -6,11 +6,9 @@ which then installs, in that process:
 
 * the ``cpu`` platform (:mod:`~verl_group_ppo.cpu.platform`), and ``VERL_ENGINE_DEVICE=cuda`` so that
   verl's engine lookup picks its FSDP engines (FSDP1 and FSDP2 run over gloo on CPU);
-* the ``hf`` rollout (:mod:`~verl_group_ppo.cpu.rollout`): ``actor_rollout_ref.rollout.name=hf``;
 * the gloo backend-string fix (:mod:`~verl_group_ppo.cpu.distributed`);
 * what verl's ``fsdp`` strategy (torch FSDP1) needs on CPU ranks: ``sync_module_states`` over gloo, and
   parameter loads and offloads that leave host tensors in place (:mod:`~verl_group_ppo.cpu.fsdp1`);
-* a critic value-model loader that uses the configured attention (:mod:`~verl_group_ppo.cpu.valuehead`);
 * verl's own vLLM rollout on vLLM's CPU build, ``actor_rollout_ref.rollout.name=vllm``
   (:mod:`~verl_group_ppo.cpu.vllm_rollout`; its driver-side start-up checks :mod:`~verl_group_ppo.cpu.vllm_checks`,
   its server and worker extension :mod:`~verl_group_ppo.cpu.vllm_server`, :mod:`~verl_group_ppo.cpu.vllm_worker`,
@@ -19,8 +17,17 @@ which then installs, in that process:
 For verl's ``separate_async`` trainer, :mod:`~verl_group_ppo.cpu.checkpoint` adds a checkpoint engine that
 moves weights through Ray's object store (selected by two overrides; see that module).
 
-Without ``VERL_PLATFORM=cpu`` it does nothing at all: no import beyond the standard library, no change
-to verl or to the environment. The backend is independent of the advantage estimator (gae, grpo,
+Two parts of this package serve every platform, and the plugin installs them whatever ``VERL_PLATFORM``
+says (:mod:`verl_group_ppo.integration.entry_point`), each when verl imports the module it extends:
+
+* the ``hf`` rollout (:mod:`~verl_group_ppo.cpu.rollout`), registered by name only
+  (:func:`register_hf_adapter`, :func:`register_hf_replica`): ``actor_rollout_ref.rollout.name=hf``
+  generates on the trainer's device, CPU or CUDA;
+* a critic value-model loader that uses the configured attention instead of flash-attn
+  (:mod:`~verl_group_ppo.cpu.valuehead`).
+
+Without ``VERL_PLATFORM=cpu`` the backend itself does nothing: no import beyond the standard library, no
+change to verl or to the environment. The backend is independent of the advantage estimator (gae, grpo,
 group_ppo, ...). The Hydra overrides a CPU run still needs (logical GPUs for Ray, sdpa attention,
 float32, ...) are listed in ``docs/cpu.md``.
 """
@@ -31,6 +38,7 @@ import importlib
 import logging
 import os
 import sys
+from types import ModuleType
 
 PLATFORM_ENV = "VERL_PLATFORM"
 """The environment variable verl reads to pick its platform; ``cpu`` turns this backend on."""
@@ -93,14 +101,25 @@ def _install() -> None:
 
 
 def _register_hf_rollout() -> None:
-    """Register the ``hf`` rollout with verl by name, without importing it (verl imports it when a run uses it;
-    a Ray actor that unpickles the rollout server imports it first, and verl's plugin load inside that import
-    must not need it)."""
+    """Both halves of the ``hf`` rollout's registration (the plugin also does each when verl imports its module)."""
     from verl.workers.rollout import base as rollout_base
-    from verl.workers.rollout.replica import RolloutReplicaRegistry
+    from verl.workers.rollout import replica as rollout_replica
 
+    register_hf_adapter(rollout_base)
+    register_hf_replica(rollout_replica)
+
+
+def register_hf_adapter(rollout_base: ModuleType) -> None:
+    """Name the ``hf`` adapter in ``verl.workers.rollout.base._ROLLOUT_REGISTRY`` (a dotted path: verl imports
+    the module only when a run uses it). Idempotent; ``rollout_base`` is that verl module."""
     rollout_base._ROLLOUT_REGISTRY[(HF_ROLLOUT_NAME, "async")] = ADAPTER_PATH
-    RolloutReplicaRegistry.register(HF_ROLLOUT_NAME, _load_hf_replica)
+
+
+def register_hf_replica(rollout_replica: ModuleType) -> None:
+    """Register the ``hf`` replica loader in ``verl.workers.rollout.replica.RolloutReplicaRegistry`` without
+    importing the rollout (a Ray actor that unpickles the rollout server imports it first, and verl's plugin
+    load inside that import must not need it). Idempotent; ``rollout_replica`` is that verl module."""
+    rollout_replica.RolloutReplicaRegistry.register(HF_ROLLOUT_NAME, _load_hf_replica)
 
 
 def _load_hf_replica() -> type:

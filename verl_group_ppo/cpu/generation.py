@@ -10,18 +10,24 @@ Log-probabilities follow ``actor_rollout_ref.rollout.logprobs_mode``: ``processe
 default) is the log-probability under the distribution the token was sampled from (logits divided by the
 temperature, then top-k/top-p filtered and renormalised); ``raw_logprobs`` is the log-softmax of the
 model's logits. Greedy rows (temperature 0) report the raw log-probability of the argmax token.
+
+The batch runs on the model's device, CPU or an accelerator, and a seeded sampler's ``torch.Generator`` must
+live on that same device (:func:`check_generator_device`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
 
 from verl_group_ppo.critic_readout import left_pad
 
 LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs")
+
+Device = Union[str, torch.device]
+"""A torch device or its name (``"cpu"``, ``"cuda:0"``, ...)."""
 
 
 @dataclass(frozen=True)
@@ -90,7 +96,10 @@ def sample_tokens(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.
 
     ``temperature`` [B] float (<= 0: greedy), ``top_k`` [B] int, ``top_p`` [B] float. Log-probs follow
     ``logprobs_mode`` (see the module docstring).
+    ``generator`` must live on the device of ``logits`` (``torch.multinomial`` takes a generator of the
+    tensors' own device only); ``ValueError`` otherwise.
     """
+    check_generator_device(generator, logits.device)
     if logprobs_mode not in LOGPROBS_MODES:
         raise ValueError(f"actor_rollout_ref.rollout.logprobs_mode={logprobs_mode!r}: the hf rollout supports "
                          f"{LOGPROBS_MODES}")
@@ -106,6 +115,32 @@ def sample_tokens(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.
     return tokens, chosen.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
 
 
+def check_generator_device(generator: Optional[torch.Generator], device: Device) -> None:
+    """Raise ``ValueError`` naming both devices when ``generator`` is not on ``device``'s kind of device
+    (a seeded sampler for CUDA tensors needs ``torch.Generator(device="cuda")``)."""
+    if generator is None:
+        return
+    wanted = torch.device(device)
+    if generator.device.type != wanted.type:
+        raise ValueError(f"generator is on {generator.device}, the tensors it samples are on {wanted}: create it "
+                         f"with torch.Generator(device={wanted.type!r})")
+
+
+def resolve_device(model: Any, device: Optional[Device]) -> torch.device:
+    """The device a batch runs on: ``device`` if given, else that of the model's first parameter.
+
+    Raises ``ValueError`` naming ``device`` when it is given and the model's parameters are elsewhere.
+    """
+    model_device = next(model.parameters()).device
+    if device is None:
+        return model_device
+    wanted = torch.device(device)
+    if wanted.type != model_device.type or (wanted.index is not None and wanted.index != model_device.index):
+        raise ValueError(f"device={str(wanted)!r} but the model's parameters are on {model_device}: move the model "
+                         f"there first (model.to(device))")
+    return model_device
+
+
 def _settings(requests: Sequence[SamplingRequest]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-row (temperature [B] float, top_k [B] int64, top_p [B] float, max_tokens [B] int64)."""
     return (torch.tensor([r.temperature for r in requests], dtype=torch.float32),
@@ -117,17 +152,22 @@ def _settings(requests: Sequence[SamplingRequest]) -> tuple[torch.Tensor, torch.
 @torch.no_grad()
 def generate_batch(model: Any, requests: Sequence[SamplingRequest], eos_token_ids: Sequence[int], pad_token_id: int,
                    generator: Optional[torch.Generator] = None, logprobs_mode: str = "processed_logprobs",
-                   should_abort: Optional[Callable[[], bool]] = None) -> list[Completion]:
+                   should_abort: Optional[Callable[[], bool]] = None,
+                   device: Optional[Device] = None) -> list[Completion]:
     """Generate the responses of ``requests`` as one left-padded batch through ``model`` (an HF causal LM).
 
     A row stops after emitting a token in ``eos_token_ids`` (the EOS token is part of its response) or
     after its ``max_tokens``; the loop ends when every row has stopped, or before any decoding step at which
     ``should_abort()`` is true (rows still running are then returned as ``aborted`` with their tokens so
     far). Returns one :class:`Completion` per request, in order.
+
+    Every tensor of the batch lives on ``device`` (default: the model's device; the model must already be
+    there), and ``generator`` must be a generator of that device (:func:`check_generator_device`).
     """
     if not requests:
         return []
-    device = next(model.parameters()).device
+    device = resolve_device(model, device)
+    check_generator_device(generator, device)
     input_ids, attention_mask = left_pad([r.prompt_ids for r in requests], pad_token_id)
     input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
     temperature, top_k, top_p, budget = (t.to(device) for t in _settings(requests))

@@ -1,10 +1,13 @@
-"""The ``hf`` rollout: verl's rollout interfaces served by a Hugging Face model on CPU.
+"""The ``hf`` rollout: verl's rollout interfaces served by a Hugging Face model, on the trainer's device.
 
-verl's rollout has three parts, each given here:
+verl's rollout has three parts, each given here. The plugin registers them under the name ``hf`` on every
+platform (:func:`verl_group_ppo.cpu.register_hf_replica`, :func:`verl_group_ppo.cpu.register_hf_adapter`),
+so ``actor_rollout_ref.rollout.name=hf`` selects it on CPU and on CUDA alike; nothing of this module is
+imported unless a run selects it.
 
-* :class:`HFRolloutReplica` (a ``RolloutReplica``, registered as ``hf`` in ``RolloutReplicaRegistry`` by
-  :func:`verl_group_ppo.cpu.install_if_requested`):
-  starts one :class:`HFRolloutServer` Ray actor per replica.
+* :class:`HFRolloutReplica` (a ``RolloutReplica``, registered as ``hf`` in ``RolloutReplicaRegistry``):
+  starts one :class:`HFRolloutServer` Ray actor per replica, on the device kind the trainer uses
+  (verl's ``get_device_name()``: ``cpu`` under the CPU backend, ``cuda`` on GPUs).
 * :class:`HFRolloutServer` (a Ray actor): the agent loop's token-in/token-out ``generate`` calls arrive
   concurrently; the server gathers the waiting requests (until no new one arrived for
   ``gather_window_s``, at most ``max_gather_s``) and generates them as one left-padded batch
@@ -13,6 +16,10 @@ verl's rollout has three parts, each given here:
   lives in the actor worker; verl's "naive" weight sync hands it the actor's full tensors, and its
   replica's leader rank forwards them to the server, which copies them into its model and checks that
   every parameter was received.
+
+On CUDA the server reserves no GPU from Ray (the trainer's placement groups hold them all) and generates on
+GPU ``replica_rank % device_count`` (:func:`server_device`); it sees the GPUs because Ray leaves
+``CUDA_VISIBLE_DEVICES`` alone for an actor with ``num_gpus=0`` unless ``RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO=1``.
 """
 
 from __future__ import annotations
@@ -41,6 +48,34 @@ WEIGHT_BUCKET_BYTES = 256 << 20
 def server_actor_name(replica_rank: int, name_suffix: str = "") -> str:
     """The Ray actor name of a replica's server (how the actor worker's adapter finds it)."""
     return f"verl_group_ppo_hf_rollout_{replica_rank}{name_suffix}"
+
+
+def server_device(device_type: str, replica_rank: int, device_count: int) -> torch.device:
+    """The device a replica's server generates on: ``cpu``, or accelerator ``replica_rank % device_count``
+    of kind ``device_type`` (``cuda``, ``npu``, ...). Raises ``RuntimeError`` when an accelerator kind is
+    asked for and the server's process sees none."""
+    if device_type == "cpu":
+        return torch.device("cpu")
+    if device_count < 1:
+        raise RuntimeError(f"hf rollout: the trainer runs on {device_type!r} but the rollout server's process sees "
+                           f"no {device_type} device (is RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO=1 or "
+                           f"CUDA_VISIBLE_DEVICES empty in the Ray workers' environment?)")
+    return torch.device(device_type, replica_rank % device_count)
+
+
+def visible_device_count(device_type: str) -> int:
+    """How many devices of kind ``device_type`` this process sees (0 for ``cpu`` or an unknown kind)."""
+    module = getattr(torch, device_type, None) if device_type != "cpu" else None
+    if module is None or not module.is_available():
+        return 0
+    return int(module.device_count())
+
+
+def trainer_device_type() -> str:
+    """The device kind the trainer runs on, as verl resolves it in this process (``cpu``, ``cuda``, ...)."""
+    from verl.utils.device import get_device_name
+
+    return str(get_device_name())
 
 
 def _get(config: Any, key: str, default: Any = None) -> Any:
@@ -111,7 +146,8 @@ def model_attention(model_config: Any) -> str:
 
 
 def load_causal_lm(model_config: Any) -> Any:
-    """The actor's HF causal LM in float32 on CPU, in eval mode, from ``model_config.path``."""
+    """The actor's HF causal LM in float32 on the CPU (the server moves it to its device), in eval mode, from
+    ``model_config.path``."""
     from transformers import AutoModelForCausalLM
 
     from verl.utils.fs import copy_to_local
@@ -170,17 +206,21 @@ class HFRolloutServer:
         gather_window_s: a batch closes once no new request arrived for this long...
         max_gather_s: ...or this long after its first request arrived, or when it holds ``max_num_seqs``.
         model: an already-built causal LM to serve instead of loading ``model_config.path`` (tests).
+        device_type: the device kind to generate on (``cpu``, ``cuda``; see :func:`server_device`); the
+            model and the seeded sampler's generator are put there.
     """
 
     def __init__(self, config: Any, model_config: Any, replica_rank: int = 0, gather_window_s: float = 0.02,
-                 max_gather_s: float = 0.2, model: Any = None) -> None:
+                 max_gather_s: float = 0.2, model: Any = None, device_type: str = "cpu") -> None:
         self.config = config
         self.replica_rank = replica_rank
-        self.model = model if model is not None else load_causal_lm(model_config)
+        self.device = server_device(device_type, replica_rank, visible_device_count(device_type))
+        model = model if model is not None else load_causal_lm(model_config)
+        self.model = model.to(self.device)
         self.eos_token_ids, self.pad_token_id = eos_and_pad(self.model)
         if bool(_get(config, "ignore_eos", False)):
             self.eos_token_ids = []
-        self.generator = torch.Generator().manual_seed(int(_get(config, "seed", 0)) + replica_rank)
+        self.generator = torch.Generator(device=self.device).manual_seed(int(_get(config, "seed", 0)) + replica_rank)
         self.gather_window_s, self.max_gather_s = gather_window_s, max_gather_s
         self.max_batch_size = int(_get(config, "max_num_seqs", 256))
         self.logprobs_mode = str(_get(config, "logprobs_mode", "processed_logprobs"))
@@ -265,7 +305,7 @@ class HFRolloutServer:
             return []
         self.batch_sizes.append(len(requests))
         return generate_batch(self.model, requests, self.eos_token_ids, self.pad_token_id, self.generator,
-                              self.logprobs_mode, should_abort=lambda: self._aborting)
+                              self.logprobs_mode, should_abort=lambda: self._aborting, device=self.device)
 
     # ---------------------------------------------------------------- weights
 
@@ -290,8 +330,8 @@ class HFRolloutServer:
         return copied
 
     async def state_dict(self) -> dict[str, torch.Tensor]:
-        """A copy of the served model's state dict (to check weight sync)."""
-        return {name: tensor.detach().clone() for name, tensor in self.model.state_dict().items()}
+        """A host copy of the served model's state dict (to check weight sync)."""
+        return {name: tensor.detach().to("cpu", copy=True) for name, tensor in self.model.state_dict().items()}
 
     async def stats(self) -> dict[str, Any]:
         """The sizes of the batches generated so far and the weights' ``global_steps``."""
@@ -325,7 +365,7 @@ class HFRolloutServer:
         while self._pending or self._state.model_lock.locked():
             await asyncio.sleep(self.gather_window_s)
 
-    # nothing to free or restore on CPU: weights stay in host memory and the KV cache lives per batch
+    # nothing to free or restore: the weights stay where they are and the KV cache lives per batch
     async def wake_up(self) -> None: return None
     async def sleep(self) -> None: return None
     async def clear_kv_cache(self) -> None: return None
@@ -396,7 +436,8 @@ def _unsynced_parameters(model: torch.nn.Module, received: set[str]) -> set[str]
 
 
 class HFRolloutReplica(RolloutReplica):
-    """One :class:`HFRolloutServer` per replica, on the CPU (no accelerator resources)."""
+    """One :class:`HFRolloutServer` per replica; it reserves no accelerator from Ray and generates on the
+    trainer's device kind (:func:`trainer_device_type`)."""
 
     def rollout_worker_use_gpu(self) -> bool:
         return False
@@ -406,7 +447,8 @@ class HFRolloutReplica(RolloutReplica):
         name = server_actor_name(self.replica_rank, self.name_suffix)
         server = ray.remote(HFRolloutServer).options(
             name=name, num_cpus=0, max_concurrency=self.max_concurrency,
-        ).remote(config=self.config, model_config=self.model_config, replica_rank=self.replica_rank)
+        ).remote(config=self.config, model_config=self.model_config, replica_rank=self.replica_rank,
+                 device_type=trainer_device_type())
         await server.stats.remote()  # surfaces a failed model load here, not at the first request
         self.servers = [server]
         self._server_handle = server

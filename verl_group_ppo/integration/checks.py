@@ -5,14 +5,16 @@ verl function (wrapped by the entry point)  what runs first for ``algorithm.adv_
 ==========================================  ====================================================================
 ``verl.trainer.ppo.utils.need_critic``      :func:`check_group_ppo_config` (config keys), then "critic on"
 ``verl.utils.config.validate_config``       :func:`check_accelerator` (only where Ray is not started yet),
-                                            :func:`check_cpu_sequence_parallel` (CPU backend only)
+                                            :func:`check_cpu_sequence_parallel` (CPU backend only); for any run
+                                            with a critic, ``check_critic_attention`` (flash-attn missing)
 ``verl.trainer.main_ppo.run_ppo``           :func:`check_entry_point` (refuses verl's fully_async and
                                             one_step_off_policy entry points)
 ==========================================  ====================================================================
 
 verl's ``main_ppo`` calls ``need_critic`` and ``validate_config`` before ``ray.init`` (its ``main``, before
 ``run_ppo``), in that order, so a bad key is reported before the accelerator; the experimental entry points call
-``run_ppo`` (their ``main``) before Ray starts. Every other estimator gets exactly verl's behaviour.
+``run_ppo`` (their ``main``) before Ray starts. Every other estimator gets verl's behaviour, plus the critic's
+attention check when it trains a critic.
 """
 
 from __future__ import annotations
@@ -184,6 +186,10 @@ def make_validate_config(original: Callable[..., Any]) -> Callable[..., Any]:
         if is_group_ppo(config) and not _ray_started():
             check_accelerator(config)
             check_cpu_sequence_parallel(config)
+        if kwargs.get("use_critic", args[1] if len(args) > 1 else False) and not _ray_started():
+            from verl_group_ppo.cpu.valuehead import check_critic_attention
+
+            check_critic_attention(config)
         return original(config, *args, **kwargs)
 
     validate_config.verl_group_ppo_original = original  # type: ignore[attr-defined]

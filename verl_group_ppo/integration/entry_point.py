@@ -12,9 +12,15 @@ verl module imported                 what is installed
 ``verl.utils.config``                ``validate_config``: the accelerator check for ``group_ppo`` before Ray starts
 ``verl.trainer.main_ppo``            ``run_ppo``: refuses verl's fully_async / one_step_off_policy entry points
 ``verl.trainer.ppo.v1``              our trainer module, which puts its classes into ``TRAINER_REGISTRY``
+``verl.workers.rollout.base``        the ``hf`` rollout adapter's name (:func:`verl_group_ppo.cpu.register_hf_adapter`)
+``verl.workers.rollout.replica``     the ``hf`` rollout replica's loader (:func:`verl_group_ppo.cpu.register_hf_replica`)
+``verl.utils.model``                 the critic's value-model loader with the configured attention
+                                     (:func:`verl_group_ppo.cpu.valuehead.patch_valuehead_loader`)
 ===================================  ================================================================================
 
-Plus, at once and only with ``VERL_PLATFORM=cpu``, the CPU backend (:mod:`verl_group_ppo.cpu`, docs/cpu.md).
+The last three serve every platform: ``actor_rollout_ref.rollout.name=hf`` and a critic without flash-attn
+work on CUDA as on CPU. Plus, at once and only with ``VERL_PLATFORM=cpu``, the CPU backend
+(:mod:`verl_group_ppo.cpu`, docs/cpu.md).
 
 Every install is guarded: a failure is logged at ERROR and recorded (:mod:`~verl_group_ppo.integration.failures`),
 and ``group_ppo`` runs then stop with it. This module imports only the standard library and this
@@ -70,6 +76,21 @@ def install_trainers(v1: ModuleType) -> None:
     importlib.import_module("verl_group_ppo.integration.trainer")
 
 
+def install_hf_adapter(rollout_base: ModuleType) -> None:
+    """Name the ``hf`` rollout adapter in verl's rollout registry (nothing of the rollout is imported)."""
+    importlib.import_module("verl_group_ppo.cpu").register_hf_adapter(rollout_base)
+
+
+def install_hf_replica(rollout_replica: ModuleType) -> None:
+    """Register the ``hf`` rollout replica's loader (nothing of the rollout is imported)."""
+    importlib.import_module("verl_group_ppo.cpu").register_hf_replica(rollout_replica)
+
+
+def install_valuehead_loader(verl_model: ModuleType) -> None:
+    """Replace ``verl.utils.model.load_valuehead_model`` with the loader that honours the configured attention."""
+    importlib.import_module("verl_group_ppo.cpu.valuehead").patch_valuehead_loader()
+
+
 def _wrap(module: ModuleType, name: str, make_wrapper) -> None:
     current = getattr(module, name)
     if getattr(current, "verl_group_ppo_original", None) is None:
@@ -82,6 +103,10 @@ INSTALLS = (
     ("verl.utils.config", "installing validate_config for group_ppo", install_validate_config),
     ("verl.trainer.main_ppo", "installing run_ppo for group_ppo", install_run_ppo),
     ("verl.trainer.ppo.v1", "importing the GROUP-PPO v1 trainer classes", install_trainers),
+    ("verl.workers.rollout.base", "registering the hf rollout adapter", install_hf_adapter),
+    ("verl.workers.rollout.replica", "registering the hf rollout replica", install_hf_replica),
+    ("verl.utils.model", "installing the critic's value-model loader (configured attention)",
+     install_valuehead_loader),
 )
 """(verl module, what the install does (named in errors), install function)."""
 
