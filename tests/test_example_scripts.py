@@ -493,3 +493,60 @@ def test_cpu_launcher_refuses_a_task_it_does_not_know(env, message, tmp_path):
     full_env = {**os.environ, "WORK_DIR": str(tmp_path / "w"), "PYTHON": str(stub), "REAL_PYTHON": sys.executable, **env}
     proc = subprocess.run(["bash", str(CPU_LAUNCHER), "gae"], env=full_env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+
+
+def cpu_launcher_run(tmp_path: Path, estimator: str, env: dict) -> tuple[list[str], dict[str, str]]:
+    """The main_ppo argv the launcher would run, and the environment it would run it in (VERL_PLATFORM,
+    thread counts), through a stub PYTHON (prepare and main_ppo only recorded)."""
+    import sys
+
+    calls, seen = tmp_path / "calls.txt", tmp_path / "env.txt"
+    calls.unlink(missing_ok=True)
+    stub = tmp_path / "python"
+    stub.write_text(f'#!/bin/sh\n[ "$2" = verl_group_ppo.task_specs ] && exec {sys.executable} "$@"\n'
+                    f'printf "%s\\n" "$@" ---- >> {calls}\n'
+                    f'printf "VERL_PLATFORM=%s\\nOMP_NUM_THREADS=%s\\n" "${{VERL_PLATFORM-<unset>}}" '
+                    f'"$OMP_NUM_THREADS" > {seen}\n')
+    stub.chmod(0o755)
+    full_env = {**os.environ, "WORK_DIR": str(tmp_path / "work"), "PYTHON": str(stub), "VERL_PLATFORM": "cpu", **env}
+    full_env.pop("OMP_NUM_THREADS", None)
+    proc = subprocess.run(["bash", str(CPU_LAUNCHER), estimator], env=full_env, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    main = [call.splitlines() for call in calls.read_text().split("----\n") if call][-1]
+    assert main[:2] == ["-m", "verl.trainer.main_ppo"]
+    return main[2:], dict(line.split("=", 1) for line in seen.read_text().splitlines())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task,estimator", [("tiny", "group_ppo"), ("tiny", "gae"), ("smollm2", "group_ppo")])
+def test_cpu_launcher_with_device_cuda_composes_for_gpus(task, estimator, tmp_path):
+    """DEVICE=cuda: the same task and settings on verl's CUDA platform: no VERL_PLATFORM (an inherited one is
+    unset), trainer.device=cuda, Ray's CPUs and the threads from the machine, sdpa for actor and critic (no
+    flash-attn), the hf rollout; the command composes against verl's own config."""
+    cpu_args, cpu_env = cpu_launcher_run(tmp_path, estimator, {"TASK": task, "N_RANKS": "2"})
+    cuda_args, cuda_env = cpu_launcher_run(tmp_path, estimator, {"TASK": task, "DEVICE": "cuda", "N_RANKS": "2"})
+    assert cpu_env["VERL_PLATFORM"] == "cpu" and cuda_env["VERL_PLATFORM"] == "<unset>"
+    cores = os.cpu_count()
+    assert int(cuda_env["OMP_NUM_THREADS"]) == max(1, cores // 4)
+    cfg = compose(cuda_args)
+    assert cfg.trainer.device == "cuda" and cfg.trainer.n_gpus_per_node == 2
+    assert cfg.ray_kwargs.ray_init.num_cpus == cores and cfg.ray_kwargs.ray_init.num_gpus == 2
+    assert cfg.actor_rollout_ref.rollout.name == "hf"
+    assert cfg.critic.model.override_config.attn_implementation == "sdpa"
+    assert cfg.actor_rollout_ref.model.override_config.attn_implementation == "sdpa"
+    changed = {hydra_key(o) for o in set(cuda_args) ^ set(cpu_args)}
+    assert changed == {"trainer.device"} | ({"ray_kwargs.ray_init.num_cpus"} if cores != 8 else set())
+
+
+@pytest.mark.slow
+def test_cpu_launcher_refuses_an_unknown_device(tmp_path):
+    stub = tmp_path / "python"
+    stub.write_text('#!/bin/sh\n[ "$2" = verl_group_ppo.task_specs ] && exec "$REAL_PYTHON" "$@"\nexit 0\n')
+    stub.chmod(0o755)
+    import sys
+
+    env = {**os.environ, "WORK_DIR": str(tmp_path / "w"), "PYTHON": str(stub), "REAL_PYTHON": sys.executable,
+           "DEVICE": "gpu"}
+    proc = subprocess.run(["bash", str(CPU_LAUNCHER), "gae"], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "DEVICE='gpu' must be cpu or cuda" in proc.stderr

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Shared launcher for the tiny CPU examples: verl's real `python -m verl.trainer.main_ppo` on a CPU-only
-# machine (no GPU, 2 cores are enough), with GROUP-PPO or its GAE / GRPO baselines.
+# machine (no GPU, 2 cores are enough), or on GPUs with DEVICE=cuda, with GROUP-PPO or its GAE / GRPO baselines.
 #
 #   bash examples/cpu/common.sh ESTIMATOR [extra Hydra overrides...]
 #
@@ -37,7 +37,12 @@
 #   PYTHON    interpreter with verl and verl-group-ppo (default: the repository's .venv/bin/python
 #             when present, else python3)
 #   NICE      nice level of the run (default 5: the run yields to interactive work)
-#   N_RANKS   trainer ranks (CPU processes, one per "GPU" verl sees; default 1): sets trainer.n_gpus_per_node
+#   DEVICE    cpu (default): the CPU backend (VERL_PLATFORM=cpu, trainer.device=cpu, 8 logical Ray CPUs, the
+#             spec's threads). cuda: verl on GPUs, the same tasks and settings otherwise: no VERL_PLATFORM
+#             (an inherited one is unset), trainer.device=cuda, Ray's CPUs = `nproc`, threads per process =
+#             nproc / (N_RANKS + 2) (the ranks, the driver and the hf rollout server), at least 1; the hf rollout
+#             generates on the GPU and the critic loads with sdpa, so neither vLLM nor flash-attn is needed
+#   N_RANKS   trainer ranks (CPU processes or GPUs, one per "GPU" verl sees; default 1): sets trainer.n_gpus_per_node
 #             and ++ray_kwargs.ray_init.num_gpus; must divide the task's smallest mini-batch in responses (64
 #             for the tiny task, 32 for smollm2), and the per-rank micro-batch becomes min(32, that / N_RANKS)
 #             responses so every mini-batch divides
@@ -134,6 +139,12 @@ if ! [[ "$N_RANKS" =~ ^[1-9][0-9]*$ ]] || [ $((rank_unit % N_RANKS)) -ne 0 ]; th
        "mini-batch in responses)" >&2
   exit 2
 fi
+DEVICE=${DEVICE:-cpu}
+case "$DEVICE" in
+  cpu)  ray_cpus=8 ;;
+  cuda) ray_cpus=$(nproc); threads=$((ray_cpus / (N_RANKS + 2) > 1 ? ray_cpus / (N_RANKS + 2) : 1)) ;;
+  *) echo "common.sh: DEVICE='$DEVICE' must be cpu or cuda" >&2; exit 2 ;;
+esac
 
 case "${PREPARE:-1}" in
   # every run: prepare does nothing (in seconds) when WORK_DIR already holds the task for these settings
@@ -156,10 +167,10 @@ if [ "$MULTI_TURN" = 1 ]; then
   )
 fi
 
-# The one switch: verl-group-ppo's plugin installs its CPU backend (platform, hf rollout, ...) in the
-# driver and in every Ray worker when VERL_PLATFORM=cpu.
-export VERL_PLATFORM=cpu
-# Threads per process (the spec's): the tiny task's driver, trainer workers and rollout server share the cores with
+# The one switch: verl-group-ppo's plugin installs its CPU backend (platform, FSDP over gloo, ...) in the
+# driver and in every Ray worker when VERL_PLATFORM=cpu; on CUDA verl picks its own platform.
+if [ "$DEVICE" = cpu ]; then export VERL_PLATFORM=cpu; else unset VERL_PLATFORM; fi
+# Threads per process (the spec's on CPU, from nproc with DEVICE=cuda): the tiny task's driver, trainer workers and rollout server share the cores with
 # one thread each; the real model computes mostly in one process at a time, which then uses 2.
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$threads} MKL_NUM_THREADS=${MKL_NUM_THREADS:-$threads} TOKENIZERS_PARALLELISM=false
 export WANDB_MODE=${WANDB_MODE:-disabled} HYDRA_FULL_ERROR=1 RAY_DEDUP_LOGS=0
@@ -241,7 +252,7 @@ shared=(
   critic.ppo_mini_batch_size=$critic_mini_batch
   critic.ppo_micro_batch_size_per_gpu=$micro_batch
   trainer.critic_warmup=0
-  trainer.device=cpu
+  trainer.device=$DEVICE
   trainer.n_gpus_per_node=$N_RANKS
   trainer.nnodes=1
   trainer.logger=[console]
@@ -254,7 +265,7 @@ shared=(
   trainer.save_freq=1000000
   trainer.resume_mode=disable
   trainer.default_local_dir="$WORK_DIR/checkpoints/$estimator"
-  ray_kwargs.ray_init.num_cpus=8
+  ray_kwargs.ray_init.num_cpus=$ray_cpus
   ++ray_kwargs.ray_init.num_gpus=$N_RANKS
   +ray_kwargs.ray_init.include_dashboard=False
   transfer_queue.backend.SimpleStorage.num_data_storage_units=1
