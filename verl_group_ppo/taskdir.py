@@ -126,21 +126,30 @@ def is_prepared(output_dir: str, settings: Any, format_version: int) -> bool:
             and saved.get("settings") == dataclasses.asdict(settings))
 
 
-def write_json(path: str, data: Any) -> None:
-    """Write ``data`` as indented JSON to a temporary name, then move it in place (a reader never sees half)."""
+def write_file(path: str, write: Callable[[str], None]) -> str:
+    """``write(tmp)`` writes a temporary file beside ``path`` (its folder created), which then replaces ``path``: a
+    reader never sees half a file. The package's one atomic file write; returns ``path``."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path + ".tmp", "w") as f:
-        json.dump(data, f, indent=2)
-    os.replace(path + ".tmp", path)
+    tmp = path + ".tmp"
+    write(tmp)
+    os.replace(tmp, path)
+    return path
 
 
-def write_parquet(path: str, rows: Sequence[Mapping[str, Any]]) -> None:
-    """Write ``rows`` (one dict per row) as a parquet file, through a temporary name."""
+def write_json(path: str, data: Any) -> str:
+    """Write ``data`` as indented JSON through :func:`write_file`."""
+    def dump(tmp: str) -> None:
+        with open(tmp, "w") as f:
+            json.dump(data, f, indent=2)
+
+    return write_file(path, dump)
+
+
+def write_parquet(path: str, rows: Sequence[Mapping[str, Any]]) -> str:
+    """Write ``rows`` (one dict per row) as a parquet file through :func:`write_file`."""
     import pandas as pd
 
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    pd.DataFrame(list(rows)).to_parquet(path + ".tmp")
-    os.replace(path + ".tmp", path)
+    return write_file(path, pd.DataFrame(list(rows)).to_parquet)
 
 
 def replace_dir(path: str, write: Callable[[str], None]) -> None:

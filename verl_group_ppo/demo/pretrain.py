@@ -25,6 +25,7 @@ import torch
 
 from verl_group_ppo.critic_readout import (NO_CLIP, ScoredReplies, WarmupSettings, heldout_explained_variance,
                                            lambda_returns, predict_values, warmup_update)
+from verl_group_ppo.taskdir import write_file
 from verl_group_ppo.tinytask.evaluation import rewards_for
 from verl_group_ppo.tinytask.model import build_critic, sample
 from verl_group_ppo.tinytask.tasks import Problem, Task
@@ -206,10 +207,7 @@ def load_or_pretrain_critic(cache_dir: str, key: str, policy, train_fn: Callable
     info = {"key": key, "history": history, "seconds": time.time() - t0,
             "heldout_explained_variance": history[-1]["heldout_explained_variance"]}
     state = {k: v.detach().cpu() for k, v in critic.state_dict().items()}
-    os.makedirs(cache_dir, exist_ok=True)
-    tmp = path + ".tmp"
-    torch.save({"state_dict": state, "info": info}, tmp)
-    os.replace(tmp, path)
+    write_file(path, lambda tmp: torch.save({"state_dict": state, "info": info}, tmp))
     return state, {**info, "cached": False}
 
 

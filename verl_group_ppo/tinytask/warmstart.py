@@ -17,6 +17,7 @@ import time
 
 import torch
 
+from ..taskdir import write_file
 from .model import Rollout, build_policy, left_pad, log_probs_and_entropy
 from .tasks import Problem, Task
 from .tokenizer import CharTokenizer
@@ -115,7 +116,6 @@ def load_or_train_warmstart(cache_dir: str, task: Task, tok: CharTokenizer, trai
             log(f"[warm start] loaded cached weights from {path}")
             return policy, {**blob["info"], "cached": True, "path": path}
         log(f"[warm start] cache {path} was built with another tokenizer; retraining")
-    os.makedirs(cache_dir, exist_ok=True)
     t0 = time.time()
     bar = progress_factory(total=steps, desc="warm start (SFT)") if progress_factory else None
     policy, losses = train_warmstart(task, tok, train, size, steps, batch_size, lr, seed, response_len, device, bar,
@@ -124,9 +124,8 @@ def load_or_train_warmstart(cache_dir: str, task: Task, tok: CharTokenizer, trai
         bar.close()
     info = {"steps": steps, "batch_size": batch_size, "lr": lr, "slip_prob": slip_prob, "final_loss": losses[-1],
             "seconds": time.time() - t0, "key": key}
-    tmp = path + ".tmp"
-    torch.save({"state_dict": policy.state_dict(), "tokenizer": tok.to_str(), "info": info}, tmp)
-    os.replace(tmp, path)
+    write_file(path, lambda tmp: torch.save({"state_dict": policy.state_dict(), "tokenizer": tok.to_str(),
+                                             "info": info}, tmp))
     return policy, {**info, "cached": False, "path": path}
 
 
