@@ -548,7 +548,7 @@ def _prepare(rewards, response_mask, values, index, old_log_probs, params: Group
         _check_finite_at_valid(old_tm, "old_log_probs")
     ids = None
     if index is not None:
-        ids = _index_ids(index, shape[0])
+        ids = prompt_ids(index, shape[0])
     elif params.adv_norm == "prompt":
         raise ValueError("index (the prompt uid of each response) is required by adv_norm='prompt'")
     return _Batch(valid, valid_tm, ~valid_tm, _time_major(rewards, dtype), _time_major(values, dtype), old_tm, ids,
@@ -891,8 +891,9 @@ def _to_batch_major(x_tm: torch.Tensor) -> torch.Tensor:
     return x_tm.t().contiguous()
 
 
-def _index_ids(index: IndexLike, batch_size: int) -> np.ndarray:
-    """Prompt ids as integers 0..P-1 (from verl's uid strings, ints, or a tensor)."""
+def prompt_ids(index: IndexLike, batch_size: int) -> np.ndarray:
+    """verl's ``index`` (``uid``: strings, ints, or a tensor) as (B,) int64 prompt ids 0..P-1, in sorted order of the
+    ids; ValueError naming ``index`` when it is not ``batch_size`` comparable ids."""
     if isinstance(index, torch.Tensor):
         index = index.detach().cpu().numpy()
     arr = np.asarray(index)

@@ -23,14 +23,14 @@ multi-turn loop they are part of the state).
 
 from __future__ import annotations
 
-from typing import Any, Sequence, Union
+from typing import Any
 
 import numpy as np
 import torch
 
-__all__ = ["mc_boundary_values", "prefix_tree_values", "shared_prefix_lengths"]
+from verl_group_ppo.core_algos import IndexLike, prompt_ids
 
-IndexLike = Union[np.ndarray, Sequence[Any], torch.Tensor]
+__all__ = ["mc_boundary_values", "prefix_tree_values", "shared_prefix_lengths"]
 
 
 def shared_prefix_lengths(response_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -130,16 +130,9 @@ def _check_shapes(response_ids: torch.Tensor, attention_mask: torch.Tensor, scor
 
 
 def _index_groups(index: IndexLike, batch_size: int) -> list[torch.Tensor]:
-    """The rows of each prompt id, in order of first appearance: a list of (n_p,) long tensors."""
-    if isinstance(index, torch.Tensor):
-        index = index.detach().cpu().numpy()
-    arr = np.asarray(index)
-    if arr.ndim != 1 or len(arr) != batch_size:
-        raise ValueError(f"index must be a 1-D sequence of {batch_size} prompt ids (one per response), "
-                         f"got shape {arr.shape}")
-    _, first, inverse = np.unique(arr, return_index=True, return_inverse=True)
-    order = np.argsort(first)
-    return [torch.from_numpy(np.flatnonzero(inverse.reshape(-1) == group)) for group in order]
+    """The rows of each prompt id (:func:`~verl_group_ppo.core_algos.prompt_ids`): a list of (n_p,) long tensors."""
+    ids = prompt_ids(index, batch_size)
+    return [torch.from_numpy(np.flatnonzero(ids == group)) for group in range(int(ids.max()) + 1 if len(ids) else 0)]
 
 
 def _describe(x: Any) -> str:
