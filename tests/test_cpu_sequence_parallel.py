@@ -59,7 +59,9 @@ def test_validate_config_runs_the_check_for_group_ppo_before_ray(monkeypatch):
     monkeypatch.setattr(checks, "_ray_started", lambda: False)
     monkeypatch.setattr(checks, "check_accelerator", lambda config: None)
     validate = make_validate_config(lambda config, **kwargs: "verl")
-    sp = ["actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", *CPU]
+    # sdpa: without flash-attn, any critic run with verl's default attention is refused (check_critic_attention)
+    sp = ["actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", "+critic.model.override_config.attn_implementation=sdpa",
+          *CPU]
     with pytest.raises(ValueError, match="ulysses_sequence_parallel_size"):
         validate(U.compose_config(["algorithm.adv_estimator=group_ppo", *sp]), use_critic=True)
     assert validate(U.compose_config(["algorithm.adv_estimator=gae", *sp]), use_critic=True) == "verl"
