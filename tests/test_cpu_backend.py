@@ -361,7 +361,7 @@ def _requests(lengths, max_tokens=8, temperature=0.0, **kwargs):
 def test_left_pad_and_positions():
     ids, mask = generation.left_pad([[5, 6, 7], [8]], pad_id=0)
     assert ids.tolist() == [[5, 6, 7], [0, 0, 8]] and mask.tolist() == [[1, 1, 1], [0, 0, 1]]
-    assert generation.position_ids_from_mask(mask).tolist() == [[0, 1, 2], [0, 0, 0]]
+    assert generation.position_ids(mask).tolist() == [[0, 1, 2], [0, 0, 0]]
 
 
 def test_top_k_top_p_filter():

@@ -705,15 +705,14 @@ def _segment_gae_step(delta: torch.Tensor, values: torch.Tensor, groups: _Groups
       every token of the group (:func:`_broadcast_from_starts_`).
     """
     params, ends, gamma = settings.group, groups.ends_tm, settings.gamma
-    if params.policy_loss_on == "endpoints":
-        every_token = torch.ones_like(ends)
-        returns, x = _segment_gaes(delta, values, batch, gamma, (ends, settings.critic_lam), (every_token, lam))
+    endpoint_loss = params.policy_loss_on == "endpoints"
+    cuts = torch.ones_like(ends) if endpoint_loss else ends  # token-level GAE for the endpoint loss
+    returns, x = _segment_gaes(delta, values, batch, gamma, (ends, settings.critic_lam), (cuts, lam))
+    if endpoint_loss:
         return returns, _PolicyX(x, batch.valid_tm, ends & batch.valid_tm)
     elif params.within_group == "per_token":
-        returns, x = _segment_gaes(delta, values, batch, gamma, (ends, settings.critic_lam), (ends, lam))
         return returns, _PolicyX(x, groups.starts_tm, None)
     else:
-        returns, x = _segment_gaes(delta, values, batch, gamma, (ends, settings.critic_lam), (ends, lam))
         _broadcast_from_starts_(x, groups.starts_tm)
         return returns, _PolicyX(x, groups.starts_tm, None)
 

@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
 
-from verl_group_ppo.critic_readout import left_pad
+from verl_group_ppo.critic_readout import left_pad, position_ids
 
 LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs")
 
@@ -61,11 +61,6 @@ class Completion:
     log_probs: list[float]
     stopped_at_eos: bool
     aborted: bool = False
-
-
-def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Positions [B, L] that count real tokens only (left padding gets position 0)."""
-    return (attention_mask.cumsum(dim=-1) - 1).clamp(min=0)
 
 
 def filter_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
@@ -172,7 +167,7 @@ def generate_batch(model: Any, requests: Sequence[SamplingRequest], eos_token_id
     input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
     temperature, top_k, top_p, budget = (t.to(device) for t in _settings(requests))
     eos = torch.tensor(sorted(set(eos_token_ids)), dtype=torch.long, device=device)
-    positions = position_ids_from_mask(attention_mask)
+    positions = position_ids(attention_mask)
     # logits of the last position only: the prompt's other logits are never read ([B, L, V] for a real vocabulary
     # is the largest tensor of the whole generation)
     out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=True,
