@@ -26,18 +26,21 @@ V2_CHOSEN = {"threshold_lr": 0.1, "policy_lam": 0.95, "adaptive_target": "group_
 V3_KEYS = {"within_group": "broadcast"}
 # issue 26 (the endpoint-only policy loss, VAPO's length-adaptive lambda): off by default
 POLICY_SIDE_KEYS = {"policy_loss_on": "all_tokens", "length_adaptive_alpha": None}
+# value sources without a critic: off by default (the critic's values), so every earlier result stands
+VALUE_SOURCE_KEYS = {"value_source": "critic", "mc_samples": 4}
 
 
 def test_defaults_are_the_version_2_choice_and_every_key_has_help():
-    assert GroupParams().to_dict() == {**SPEC_DEFAULTS, **V2_KEYS_AT_V1, **V2_CHOSEN, **V3_KEYS, **POLICY_SIDE_KEYS}
+    assert GroupParams().to_dict() == {**SPEC_DEFAULTS, **V2_KEYS_AT_V1, **V2_CHOSEN, **V3_KEYS, **POLICY_SIDE_KEYS,
+                                       **VALUE_SOURCE_KEYS}
     assert set(GroupParams.help()) == (set(SPEC_DEFAULTS) | set(V2_KEYS_AT_V1) | set(V3_KEYS)
-                                       | set(POLICY_SIDE_KEYS))
+                                       | set(POLICY_SIDE_KEYS) | set(VALUE_SOURCE_KEYS))
     assert all(GroupParams.help().values())
 
 
 def test_v1_values_reproduce_the_version_1_configuration():
     assert GroupParams(**V1_GROUP_PARAMS).to_dict() == {**SPEC_DEFAULTS, **V2_KEYS_AT_V1, **V3_KEYS,
-                                                        **POLICY_SIDE_KEYS}
+                                                        **POLICY_SIDE_KEYS, **VALUE_SOURCE_KEYS}
     overrides = {f"{k}": ("null" if v is None else str(v)) for k, v in V1_GROUP_PARAMS.items()}
     assert GroupParams.from_config(overrides) == GroupParams(**V1_GROUP_PARAMS)  # as command-line strings
 
@@ -175,3 +178,45 @@ def test_policy_side_keys_accept_their_values_and_reject_the_bad_combination():
     assert GroupParams.from_config({"length_adaptive_alpha": "null"}).length_adaptive_alpha is None
     with pytest.raises(ValueError, match=r"algorithm\.group_params\.policy_loss_on.*within_group"):
         GroupParams.from_config({"policy_loss_on": "endpoints", "within_group": "per_token"})
+
+
+# ----------------------------------------------------------------------------------------------------
+# value sources
+
+
+def test_boundary_rule_null_takes_the_value_sources_default():
+    from verl_group_ppo.config import DEFAULT_BOUNDARY_RULE
+
+    for source, rule in DEFAULT_BOUNDARY_RULE.items():
+        assert GroupParams(value_source=source).boundary_rule == rule
+        assert GroupParams.from_config({"value_source": source, "boundary_rule": "null"}).boundary_rule == rule
+    assert GroupParams(value_source="mc", boundary_rule="low_prob").boundary_rule == "low_prob"
+    assert GroupParams().boundary_rule == "variance"  # the critic's default is unchanged
+    p = GroupParams(value_source="prefix_tree", mc_samples=2)
+    assert GroupParams.from_config(p.to_dict()) == p
+
+
+@pytest.mark.parametrize("settings,keys", [
+    ({"value_source": "mc", "boundary_rule": "variance"}, ("boundary_rule", "value_source")),
+    ({"value_source": "mc", "within_group": "per_token"}, ("within_group", "value_source")),
+    ({"value_source": "mc", "policy_loss_on": "endpoints"}, ("policy_loss_on", "value_source")),
+    ({"value_source": "mc", "critic_lam": 0.5}, ("critic_lam", "value_source")),
+    ({"value_source": "prefix_tree", "critic_lam": 1.0}, ("critic_lam", "value_source")),
+    ({"value_source": "prefix_tree", "critic_loss_on": "all_tokens"}, ("critic_loss_on", "value_source")),
+    ({"value_source": "value_net"}, ("value_source",)),
+    ({"mc_samples": 0}, ("mc_samples",)),
+    ({"mc_samples": 2.5}, ("mc_samples",)),
+    ({"mc_samples": True}, ("mc_samples",)),
+])
+def test_value_source_combinations_that_mean_nothing_are_refused_naming_the_keys(settings, keys):
+    with pytest.raises(ValueError) as err:
+        GroupParams.from_config(settings)
+    for key in keys:
+        assert f"algorithm.group_params.{key}" in str(err.value), str(err.value)
+
+
+def test_prefix_tree_keeps_the_rules_that_read_values_at_every_token():
+    # the tree has a value at every position, so the variance rule and per-token advantages have their meaning
+    assert GroupParams(value_source="prefix_tree", boundary_rule="variance").boundary_rule == "variance"
+    assert GroupParams(value_source="prefix_tree", within_group="per_token").within_group == "per_token"
+    assert not GroupParams(value_source="prefix_tree").uses_critic and GroupParams().uses_critic

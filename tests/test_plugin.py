@@ -256,8 +256,10 @@ def test_shipped_config_extends_ppo_trainer_with_the_spec_defaults():
     config = U.compose_config(["algorithm.group_params.group_max_size=32"], config_name="group_ppo_trainer")
     stock = U.compose_config([])
     assert config.algorithm.adv_estimator == "group_ppo"
-    expected = GroupParams(group_max_size=32).to_dict()
-    assert OmegaConf.to_container(config.algorithm.group_params) == expected
+    shipped = OmegaConf.to_container(config.algorithm.group_params)
+    assert set(shipped) == set(GroupParams().to_dict())
+    assert shipped["boundary_rule"] is None  # the value source's default
+    assert GroupParams.from_config(shipped) == GroupParams(group_max_size=32)
     # everything else is verl's ppo_trainer
     for section in ("actor_rollout_ref", "critic", "data", "trainer", "transfer_queue"):
         assert OmegaConf.to_container(config[section]) == OmegaConf.to_container(stock[section]), section

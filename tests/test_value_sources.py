@@ -6,21 +6,10 @@ import pytest
 import torch
 
 from verl_group_ppo.value_sources import mc_boundary_values, prefix_tree_values, shared_prefix_lengths
+from verl_group_ppo_testutils_reference import loop_mc_boundary_values, loop_prefix_tree_values
 
 
 # ------------------------------------------------------------------------------------------ loop references
-
-
-def loop_prefix_tree_values(ids, attention, scores, index):
-    """V[b][t] = mean score of the replies of b's prompt whose positions 0..t-1 equal b's (token and existence)."""
-    B, T = len(ids), len(ids[0])
-    values = [[0.0] * T for _ in range(B)]
-    for b in range(B):
-        for t in range(T):
-            sharing = [j for j in range(B) if index[j] == index[b]
-                       and all(ids[j][p] == ids[b][p] and attention[j][p] == attention[b][p] for p in range(t))]
-            values[b][t] = sum(scores[j] for j in sharing) / len(sharing)
-    return values
 
 
 def _batch(rows, index, scores):

@@ -16,6 +16,9 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Mapping, Optional
 
 BOUNDARY_RULES = ("variance", "fixed", "low_prob", "turn")
+VALUE_SOURCES = ("critic", "mc", "prefix_tree")
+DEFAULT_BOUNDARY_RULE = {"critic": "variance", "mc": "fixed", "prefix_tree": "fixed"}
+"""The boundary rule each value source takes when ``boundary_rule`` is null (docs/algorithm.md, "Value sources")."""
 ADV_NORMS = ("batch", "prompt", "none")
 CRITIC_LOSS_ON = ("boundaries", "all_tokens")
 ADAPTIVE_TARGETS = ("explained_variance", "group_size")
@@ -49,9 +52,10 @@ class GroupParams:
     threshold_lr: float = _help("Step size of the multiplicative tau update (log-space).", 0.1)
     min_threshold: float = _help("Lower bound for the adapted tau.", 0.1)
     max_threshold: float = _help("Upper bound for the adapted tau.", 10.0)
-    boundary_rule: str = _help(
+    boundary_rule: Optional[str] = _help(
         "Endpoint rule: 'variance' (TD-variance budget), 'fixed', 'low_prob' or 'turn' (one group per turn, "
-        "group_max_size unused; turns capped at N tokens: 'fixed' with group_max_size N).", "variance")
+        "group_max_size unused; turns capped at N tokens: 'fixed' with group_max_size N); null = the value "
+        "source's default (DEFAULT_BOUNDARY_RULE).", None)
     low_prob_threshold: float = _help("low_prob rule: a new group starts at a token with old prob below this.", 0.9)
     adv_norm: str = _help("Advantage normalisation: 'batch' (verl masked_whiten), 'prompt' (per uid) or 'none'.",
                           "batch")
@@ -76,9 +80,21 @@ class GroupParams:
         "all_tokens")
     length_adaptive_alpha: Optional[float] = _help(
         "VAPO's length-adaptive policy lambda 1 - 1/(alpha * L) per response (L valid tokens); null = off.", None)
+    value_source: str = _help(
+        "Values at group boundaries: 'critic' (verl's critic), 'mc' (mean reward of mc_samples continuations "
+        "from each boundary) or 'prefix_tree' (mean reward of the prompt's replies sharing the prefix); "
+        "the last two run no critic.", "critic")
+    mc_samples: int = _help("value_source=mc: continuations sampled from each group boundary (K >= 1).", 4)
 
     def __post_init__(self) -> None:
+        if self.boundary_rule is None and self.value_source in DEFAULT_BOUNDARY_RULE:
+            object.__setattr__(self, "boundary_rule", DEFAULT_BOUNDARY_RULE[self.value_source])
         _validate(self)
+
+    @property
+    def uses_critic(self) -> bool:
+        """True when the boundary values come from verl's critic (``value_source: critic``)."""
+        return self.value_source == "critic"
 
     @classmethod
     def from_config(cls, obj: Any = None) -> "GroupParams":
@@ -209,7 +225,7 @@ def check_critic_loss_agg_mode(loss_agg_mode: Any) -> None:
 
 _NUMBER_KEYS = ("group_variance_threshold", "group_epsilon", "threshold_lr", "min_threshold", "max_threshold",
                 "low_prob_threshold", "target_explained_variance", "target_group_size")
-_CHOICES = (("boundary_rule", BOUNDARY_RULES), ("adv_norm", ADV_NORMS), ("critic_loss_on", CRITIC_LOSS_ON),
+_CHOICES = (("value_source", VALUE_SOURCES), ("boundary_rule", BOUNDARY_RULES), ("adv_norm", ADV_NORMS), ("critic_loss_on", CRITIC_LOSS_ON),
             ("adaptive_target", ADAPTIVE_TARGETS), ("within_group", WITHIN_GROUP),
             ("policy_loss_on", POLICY_LOSS_ON))
 
@@ -220,8 +236,10 @@ def _bad(p: GroupParams, key: str, why: str) -> ValueError:
 
 def _validate(p: GroupParams) -> None:
     """Every key's type and range; the cross-key rules in :func:`_validate_threshold_range`."""
-    if isinstance(p.group_max_size, bool) or not isinstance(p.group_max_size, int) or p.group_max_size < 1:
-        raise _bad(p, "group_max_size", "must be an integer >= 1")
+    for key in ("group_max_size", "mc_samples"):
+        value = getattr(p, key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise _bad(p, key, "must be an integer >= 1")
     for key in _NUMBER_KEYS:
         value = getattr(p, key)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
@@ -246,7 +264,33 @@ def _validate(p: GroupParams) -> None:
         if getattr(p, key) not in choices:
             raise _bad(p, key, f"must be one of {list(choices)}")
     _validate_policy_loss(p)
+    _validate_value_source(p)
     _validate_threshold_range(p)
+
+
+#: What each value source cannot combine with: (key, its refused value or None for "any non-null value", why).
+_NOT_WITH_SOURCE = {
+    "mc": (("boundary_rule", "variance", "the variance rule reads values at every token, and mc values exist only "
+            "at group boundaries (chosen before the continuations are sampled); use 'fixed', 'low_prob' or 'turn'"),
+           ("within_group", "per_token", "per-token advantages need a value at every token; mc has them only at "
+            "group boundaries"),
+           ("policy_loss_on", "endpoints", "endpoint advantages are token-level GAE, which needs a value at every "
+            "token; mc has them only at group boundaries")),
+    "prefix_tree": (),
+}
+_CRITIC_ONLY = (("critic_lam", None, "it sets the critic's returns, and this value source trains no critic"),
+                ("critic_loss_on", "all_tokens", "it sets the critic's loss, and this value source trains no critic"))
+
+
+def _validate_value_source(p: GroupParams) -> None:
+    """Refuse a key that means nothing with the value source, naming both keys."""
+    if p.uses_critic:
+        return
+    for key, refused, why in _NOT_WITH_SOURCE[p.value_source] + _CRITIC_ONLY:
+        value = getattr(p, key)
+        if (refused is None and value is not None) or (refused is not None and value == refused):
+            raise ValueError(f"{GROUP_PARAMS_PATH}.{key}={value!r} does not combine with "
+                             f"{GROUP_PARAMS_PATH}.value_source={p.value_source!r}: {why}")
 
 
 def _validate_policy_loss(p: GroupParams) -> None:
@@ -286,6 +330,10 @@ def _coerce(key: str, value: Any) -> Any:
         if value is None or (isinstance(value, str) and value.strip().lower() in ("null", "none")):
             return None
         return _coerce_float(name, value)
+    if kind == "Optional[str]":
+        if value is None or (isinstance(value, str) and value.strip().lower() in ("null", "none")):
+            return None
+        return value
     if kind == "int":
         if isinstance(value, float) and value.is_integer():
             return int(value)

@@ -58,6 +58,7 @@ __all__ = [
     "endpoints_to_group_ids",
     "explained_variance",
     "find_group_endpoints",
+    "group_start_mask",
     "length_adaptive_lambda",
     "segment_gae",
     "update_threshold",
@@ -234,14 +235,23 @@ def endpoints_to_group_ids(endpoints: torch.Tensor, response_mask: torch.Tensor)
     exist. ``endpoints`` (B, T) bool must be False at masked positions.
     """
     valid = _check_mask(response_mask, "response_mask")
+    return _group_ids(group_start_mask(endpoints, response_mask), valid)
+
+
+def group_start_mask(endpoints: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """Each group's first valid position (the slot of its boundary value): bool (B, T).
+
+    A group starts at a valid position whose previous position is masked, is an endpoint, or does not
+    exist. ``endpoints`` (B, T) bool (step 2's) must be False at masked positions.
+    """
+    valid = _check_mask(response_mask, "response_mask")
     if endpoints.shape != valid.shape:
         raise ValueError(f"endpoints must have the shape of response_mask {tuple(valid.shape)}, "
                          f"got {tuple(endpoints.shape)}")
     endpoints = endpoints.bool()
     if bool((endpoints & ~valid).any()):
         raise ValueError("endpoints must be False at masked positions of response_mask")
-    starts = _group_starts((endpoints | ~valid).t(), valid.t()).t()  # a masked position ends a group too
-    return _group_ids(starts, valid)
+    return _group_starts((endpoints | ~valid).t(), valid.t()).t()  # a masked position ends a group too
 
 
 @torch.no_grad()

@@ -36,6 +36,8 @@
 #             from Python); default 1
 #   PYTHON    interpreter with verl and verl-group-ppo (default: the repository's .venv/bin/python
 #             when present, else python3)
+#   VALUE_SOURCE  group_ppo only: critic (default), mc or prefix_tree, as ++algorithm.group_params.value_source
+#             (docs/algorithm.md, "Value sources"); MC_SAMPLES: ++algorithm.group_params.mc_samples (K, mc only)
 #   NICE      nice level of the run (default 5: the run yields to interactive work)
 #   DEVICE    cpu (default): the CPU backend (VERL_PLATFORM=cpu, trainer.device=cpu, 8 logical Ray CPUs, the
 #             spec's threads). cuda: verl on GPUs, the same tasks and settings otherwise: no VERL_PLATFORM
@@ -58,7 +60,9 @@
 # Prints verl's per-step metrics (critic/score/mean is the training reward, timing_s/* the step breakdown).
 #
 # The three estimators share every setting except these (and only because the estimator needs it):
-#   group_ppo  algorithm.adv_estimator=group_ppo, critic.enable=True (group_params at the package defaults)
+#   group_ppo  algorithm.adv_estimator=group_ppo, critic.enable=True (group_params at the package defaults);
+#              with a critic-free value source (VALUE_SOURCE or ++algorithm.group_params.value_source=mc or
+#              prefix_tree) critic.enable=False
 #   gae        algorithm.adv_estimator=gae, critic.enable=True
 #   grpo       algorithm.adv_estimator=grpo, critic.enable=False (GRPO has no critic)
 # None of them uses a KL term (no reference model), as in the CPU demo.
@@ -106,7 +110,20 @@ override_value() {
 }
 extra_args=("$@")
 case "$estimator" in
-  group_ppo) specific=(algorithm.adv_estimator=group_ppo critic.enable=True) ;;
+  group_ppo)
+    # the value source: an extra override's, else VALUE_SOURCE's (set here only when no override sets it)
+    value_source=$(override_value algorithm.group_params.value_source)
+    specific=(algorithm.adv_estimator=group_ppo)
+    if [ -z "$value_source" ] && [ -n "${VALUE_SOURCE:-}" ]; then
+      value_source=$VALUE_SOURCE
+      specific+=(++algorithm.group_params.value_source="$VALUE_SOURCE")
+    fi
+    if [ -n "${MC_SAMPLES:-}" ] && ! has_key algorithm.group_params.mc_samples; then
+      specific+=(++algorithm.group_params.mc_samples="$MC_SAMPLES")
+    fi
+    # a critic only where it gives the boundary values (mc and prefix_tree run none, as grpo)
+    if [ "${value_source:-critic}" = critic ]; then specific+=(critic.enable=True); else specific+=(critic.enable=False); fi
+    ;;
   gae)       specific=(algorithm.adv_estimator=gae critic.enable=True) ;;
   grpo)      specific=(algorithm.adv_estimator=grpo critic.enable=False) ;;
   *) echo "common.sh: unknown ESTIMATOR '$estimator' (expected group_ppo, gae or grpo)" >&2; exit 2 ;;

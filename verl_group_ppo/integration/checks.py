@@ -24,7 +24,7 @@ import os
 import sys
 from typing import Any, Callable, Mapping, Optional
 
-from verl_group_ppo.config import check_critic_loss_agg_mode, read_algorithm_settings, select
+from verl_group_ppo.config import GROUP_PARAMS_PATH, check_critic_loss_agg_mode, read_algorithm_settings, select
 from verl_group_ppo.integration import ESTIMATOR_NAME
 from verl_group_ppo.integration.failures import raise_if_install_failed
 
@@ -52,35 +52,78 @@ def is_group_ppo(config: Any) -> bool:
 def check_group_ppo_config(config: Any) -> None:
     """Start-up checks for a ``group_ppo`` run; a ValueError names the offending key by its full path.
 
-    Checks: the plugin installed completely; the v1 trainer is used; the critic is not disabled;
-    ``algorithm.gamma``/``lam``/``group_params`` are valid; ``critic.loss_agg_mode`` is ``token-mean``
-    when the critic loss runs at boundaries.
+    Checks: the plugin installed completely; the v1 trainer is used; ``algorithm.gamma``/``lam``/``group_params``
+    are valid; ``critic.enable``, if set, agrees with ``group_params.value_source``; ``value_source: mc`` has a
+    rollout that can continue replies (:func:`check_mc_rollout`); ``critic.loss_agg_mode`` is ``token-mean`` when
+    the critic loss runs at boundaries.
     """
     raise_if_install_failed()
     if select(config, "trainer.use_v1", True) is False:
         raise ValueError(
             f"trainer.use_v1=false: algorithm.adv_estimator={ESTIMATOR_NAME} runs only on verl's v1 trainer "
             "(the legacy trainer never hands the critic's values to an estimator); set trainer.use_v1=true.")
-    enable = select(config, "critic.enable")
-    if enable is not None and not bool(enable):
-        raise ValueError(
-            f"critic.enable=false: algorithm.adv_estimator={ESTIMATOR_NAME} needs a critic (its values set the "
-            "group baselines); remove the override or set critic.enable=true.")
     settings = read_algorithm_settings(select(config, "algorithm"))
-    if settings.group.critic_loss_on == "boundaries":
+    source = settings.group.value_source
+    enable = select(config, "critic.enable")
+    if settings.group.uses_critic and enable is not None and not bool(enable):
+        raise ValueError(
+            f"critic.enable=false: algorithm.adv_estimator={ESTIMATOR_NAME} with {GROUP_PARAMS_PATH}.value_source="
+            "critic needs a critic (its values set the group baselines); remove the override, set "
+            f"critic.enable=true, or take the boundary values from {GROUP_PARAMS_PATH}.value_source=mc or "
+            "prefix_tree.")
+    if not settings.group.uses_critic and enable is not None and bool(enable):
+        raise ValueError(
+            f"critic.enable=true: {GROUP_PARAMS_PATH}.value_source={source} takes the boundary values without a "
+            "critic, so a critic would train and never be read; remove critic.enable (GROUP-PPO decides) or set "
+            "it to false.")
+    if source == "mc":
+        check_mc_rollout(config)
+    if settings.group.uses_critic and settings.group.critic_loss_on == "boundaries":
         check_critic_loss_agg_mode(select(config, "critic.loss_agg_mode", "token-mean"))
 
 
+#: Rollouts whose servers take token ids and continue them (verl's token-in/token-out ``generate``).
+MC_ROLLOUTS = ("hf", "vllm", "sglang")
+
+
+def check_mc_rollout(config: Any) -> None:
+    """``value_source: mc`` samples its continuations through the run's own rollout servers, from the prompt plus
+    the reply up to each boundary, between the rollout and the actor update (ValueError naming the key).
+
+    Refused: a rollout without a token-in ``generate`` (:data:`MC_ROLLOUTS`); the multi-turn tool loop (one
+    ``generate`` call continues a reply but runs no tools); trainer modes other than ``sync`` (in the asynchronous
+    modes the servers are generating the next batch, possibly with newer weights, while the advantages are formed).
+    """
+    name = str(select(config, "actor_rollout_ref.rollout.name", "vllm"))
+    if name not in MC_ROLLOUTS:
+        raise ValueError(f"actor_rollout_ref.rollout.name={name}: {GROUP_PARAMS_PATH}.value_source=mc continues "
+                         f"replies from their boundaries through the rollout's token-in generate, which only "
+                         f"{list(MC_ROLLOUTS)} have; use one of them or value_source=prefix_tree.")
+    if bool(select(config, "actor_rollout_ref.rollout.multi_turn.enable", False)):
+        raise ValueError(f"actor_rollout_ref.rollout.multi_turn.enable=true: {GROUP_PARAMS_PATH}.value_source=mc "
+                         "continues a reply with one generate call, which runs no tools, so a continuation of a "
+                         "tool-calling reply is not a sample of the policy's episode; use value_source=prefix_tree "
+                         "(or critic) in the multi-turn loop.")
+    mode = str(select(config, "trainer.v1.trainer_mode", "sync"))
+    if mode != "sync":
+        raise ValueError(f"trainer.v1.trainer_mode={mode}: {GROUP_PARAMS_PATH}.value_source=mc samples its "
+                         "continuations with the weights that generated the batch, which only the sync trainer "
+                         "holds still between the rollout and the actor update; use trainer.v1.trainer_mode=sync or "
+                         "value_source=prefix_tree.")
+
+
 def make_need_critic(original: Callable[[Any], bool]) -> Callable[[Any], bool]:
-    """verl's ``need_critic`` with GROUP-PPO's rule in front: for ``group_ppo`` run the config checks
-    and return True; for every other estimator return exactly what ``original`` returns."""
+    """verl's ``need_critic`` with GROUP-PPO's rule in front: for ``group_ppo`` run the config checks and return
+    True when the boundary values come from the critic (``value_source: critic``), False for ``mc`` and
+    ``prefix_tree`` (no critic worker, as for grpo); for every other estimator return exactly what ``original``
+    returns."""
 
     @functools.wraps(original)
     def need_critic(config: Any) -> bool:
         if not is_group_ppo(config):
             return original(config)
         check_group_ppo_config(config)
-        return True
+        return read_algorithm_settings(select(config, "algorithm")).group.uses_critic
 
     need_critic.verl_group_ppo_original = original  # type: ignore[attr-defined]
     return need_critic

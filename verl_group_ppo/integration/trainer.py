@@ -45,15 +45,19 @@ from verl.trainer.ppo.v1.trainer_base import PPOTrainer
 from verl.trainer.ppo.v1.trainer_colocate_async import PPOTrainerColocateAsync
 from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+from verl.utils.debug import marked_timer
+from verl.utils.ray_utils import auto_await
 from verl.workers.utils.padding import response_to_nested
 
-from verl_group_ppo.config import AlgorithmSettings, read_algorithm_settings, select
-from verl_group_ppo.core_algos import AdaptiveThreshold, GroupPPOOutputs, boundary_loss_weights
-from verl_group_ppo.integration import ESTIMATOR_NAME, checkpoint, rollout_groups
+from verl_group_ppo.config import GROUP_PARAMS_PATH, AlgorithmSettings, read_algorithm_settings, select
+from verl_group_ppo.core_algos import (AdaptiveThreshold, GroupPPOOutputs, boundary_loss_weights,
+                                       find_group_endpoints, group_start_mask)
+from verl_group_ppo.integration import ESTIMATOR_NAME, checkpoint, mc_rollout, rollout_groups
 from verl_group_ppo.integration.checks import is_group_ppo
 from verl_group_ppo.integration.critic_loss import CRITIC_WEIGHTS_KEY, make_critic_loss_fn
 from verl_group_ppo.integration.estimator import estimator_inputs
 from verl_group_ppo.integration.failures import guarded
+from verl_group_ppo.value_sources import mc_boundary_values, prefix_tree_values
 
 logger = logging.getLogger(__name__)
 logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "INFO"))  # as verl's trainer modules: INFO lines show
@@ -71,13 +75,16 @@ class GroupPPOTrainerMixin:
         self.group_settings: Optional[AlgorithmSettings] = None
         self.group_threshold: Optional[AdaptiveThreshold] = None
         self._group_records: list[dict[str, Any]] = []
+        self._mc_score_fn: Optional[Any] = None
         if self.group_ppo_enabled:
-            if not self.use_critic:
-                raise RuntimeError(
-                    f"algorithm.adv_estimator={ESTIMATOR_NAME} but verl decided to run without a critic: verl's "
-                    "need_critic was bound before the verl-group-ppo plugin installed (was the plugin imported "
-                    "by hand after verl's trainer, or VERL_USE_EXTERNAL_PLUGINS set to exclude group_ppo?)")
             self.group_settings = read_algorithm_settings(config.algorithm)
+            if self.use_critic != self.group_settings.group.uses_critic:
+                raise RuntimeError(
+                    f"algorithm.adv_estimator={ESTIMATOR_NAME} with {GROUP_PARAMS_PATH}.value_source="
+                    f"{self.group_settings.group.value_source} but verl decided to run "
+                    f"{'with' if self.use_critic else 'without'} a critic: verl's need_critic was bound before the "
+                    "verl-group-ppo plugin installed (was the plugin imported by hand after verl's trainer, or "
+                    "VERL_USE_EXTERNAL_PLUGINS set to exclude group_ppo?)")
             self.group_threshold = AdaptiveThreshold(self.group_settings.group)
             logger.info(startup_line(type(self).__name__, select(config, "trainer.v1.trainer_mode", "sync"),
                                      self.group_settings))
@@ -98,29 +105,87 @@ class GroupPPOTrainerMixin:
         if not self.group_ppo_enabled:
             return super()._compute_advantage(batch, metrics)
         fetched = fetch_fields(batch, self._advantage_fields())
-        with estimator_inputs(fetched["values"], fetched.get("old_log_probs"),
-                              threshold=self.group_threshold.value) as inputs:
+        values, mc_starts = self._boundary_values(batch, fetched, metrics)
+        with estimator_inputs(values, fetched.get("old_log_probs"), threshold=self.group_threshold.value) as inputs:
             batch = super()._compute_advantage(batch, metrics)
         outputs: Optional[GroupPPOOutputs] = inputs.outputs
         if outputs is None:
             raise RuntimeError(
                 "verl's advantage step did not call the group_ppo estimator; this verl version routes "
                 "estimators differently from what verl-group-ppo supports (see docs/verl_integration.md).")
-        weights = boundary_loss_weights(outputs.critic_mask, fetched["loss_mask"])
-        batch = store_per_token(batch, {CRITIC_WEIGHTS_KEY: weights}, fetched["nested_response_mask"])
+        if mc_starts is not None and not torch.equal(outputs.critic_mask.bool(), mc_starts):
+            raise RuntimeError(
+                f"{GROUP_PARAMS_PATH}.value_source=mc: the estimator's groups differ from the boundaries the "
+                "continuations were sampled from (verl's advantage step handed the estimator another response_mask)")
+        if self.use_critic:
+            weights = boundary_loss_weights(outputs.critic_mask, fetched["loss_mask"])
+            batch = store_per_token(batch, {CRITIC_WEIGHTS_KEY: weights}, fetched["nested_response_mask"])
         self.group_threshold.update(outputs)
         metrics.update(outputs.metrics)
         if self._rollout_data_dir():
-            self._group_records.extend(self._records(batch, fetched, outputs))
+            self._group_records.extend(self._records(batch, fetched, outputs, values))
         return batch
 
     def _advantage_fields(self) -> list[str]:
-        fields = ["response_mask", "values", "loss_mask"]
-        if self.group_settings.group.boundary_rule == "low_prob":
+        group = self.group_settings.group
+        fields = ["response_mask"] + (["values", "loss_mask"] if group.uses_critic else ["responses", "rm_scores", "uid"])
+        if group.boundary_rule == "low_prob":
             fields.append("old_log_probs")
-        return fields + (DUMP_FIELDS if self._rollout_data_dir() else [])
+        fields += DUMP_FIELDS if self._rollout_data_dir() else []
+        return list(dict.fromkeys(fields))
 
-    def _records(self, batch: KVBatchMeta, fetched: dict, outputs: GroupPPOOutputs) -> list[dict[str, Any]]:
+    def _boundary_values(self, batch: KVBatchMeta, fetched: dict,
+                         metrics: dict) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """The (B, T) values the estimator reads, by ``group_params.value_source`` (docs/algorithm.md, "Value
+        sources"), and for ``mc`` the group starts the continuations were sampled from (else None)."""
+        group = self.group_settings.group
+        if group.value_source == "critic":
+            return fetched["values"], None
+        response_mask = fetched["response_mask"]
+        scores = fetched["rm_scores"].sum(dim=-1)
+        if group.value_source == "prefix_tree":
+            exists = reply_positions(fetched["nested_response_mask"], response_mask.shape[1])
+            return prefix_tree_values(fetched["responses"], exists, scores, fetched["uid"]), None
+        starts = group_start_mask(find_group_endpoints(
+            torch.zeros_like(response_mask, dtype=torch.float32), response_mask,
+            old_log_probs=fetched.get("old_log_probs"), gamma=self.group_settings.gamma,
+            group_max_size=group.group_max_size, group_epsilon=group.group_epsilon, boundary_rule=group.boundary_rule,
+            low_prob_threshold=group.low_prob_threshold), response_mask)
+        with marked_timer("group_mc", self.timing_raw):
+            continuation_scores, n_tokens = self._mc_continuations(batch, fetched["responses"], starts)
+        metrics["group/mc_responses"] = int(continuation_scores.numel())
+        metrics["group/mc_tokens"] = n_tokens
+        return mc_boundary_values(starts, continuation_scores, scores, fetched["uid"]), starts
+
+    def _mc_continuations(self, batch: KVBatchMeta, responses: torch.Tensor,
+                          starts: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """(S, K) scores of K continuations from every group start after position 0, and the tokens they took.
+
+        The sync trainer put the rollout replicas to sleep after sampling; they are woken with the same weights
+        (the actor has not updated yet) and put back to sleep after the continuations."""
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
+                               select_fields=["prompts", "data_source", "reward_model", "extra_info"])
+        prompts = [row.tolist() for row in data["prompts"].unbind()]
+        info = mc_rollout.row_info(data.get("data_source").tolist(), data.get("reward_model").tolist(),
+                                   data.get("extra_info").tolist())
+        response_length = int(select(self.config, "actor_rollout_ref.rollout.response_length"))
+        prefixes, rows = mc_rollout.boundary_prefixes(prompts, responses, starts, response_length)
+        k = self.group_settings.group.mc_samples
+        if not prefixes:
+            return torch.empty((0, k)), 0
+        self.checkpoint_manager.update_weights(self.global_steps)
+        try:
+            continuations = run_async(mc_rollout.sample_continuations(
+                self.get_llm_client(), prefixes, k, mc_rollout.rollout_sampling_params(self.config)))
+        finally:
+            self.checkpoint_manager.sleep_replicas()
+        if self._mc_score_fn is None:
+            self._mc_score_fn = mc_rollout.reward_function(self.config)
+        scores = mc_rollout.score_continuations(self._mc_score_fn, self.tokenizer, prefixes, continuations, rows, info)
+        return scores, sum(len(c) for samples in continuations for c in samples)
+
+    def _records(self, batch: KVBatchMeta, fetched: dict, outputs: GroupPPOOutputs,
+                 values: torch.Tensor) -> list[dict[str, Any]]:
         """This batch's groups-file records, over the valid tokens of the mask the estimator saw."""
         # as the estimator saw them: verl stores token_level_rewards only when the KL penalty rewrote them
         # (PPOTrainer._compute_advantage in verl's v1 trainer_base); else they are the rm_scores
@@ -129,7 +194,7 @@ class GroupPPOTrainerMixin:
         rewards = seen["token_level_rewards"] if kl_in_reward else fetched["rm_scores"]
         return rollout_groups.response_records(
             self.global_steps, fetched["uid"], fetched["rm_scores"].sum(dim=-1), fetched["responses"],
-            seen["response_mask"], outputs, self.tokenizer, rewards, fetched["values"])
+            seen["response_mask"], outputs, self.tokenizer, rewards, values)
 
     def _rollout_data_dir(self) -> Optional[str]:
         return select(self.config, "trainer.rollout_data_dir")
@@ -198,6 +263,19 @@ def fetch_fields(batch: KVBatchMeta, fields: list[str]) -> dict[str, Any]:
     if "response_mask" in fields:
         out["nested_response_mask"] = data["response_mask"]
     return out
+
+
+def reply_positions(nested_mask: torch.Tensor, width: int) -> torch.Tensor:
+    """(B, width) 0/1: 1 at the positions each reply has (assistant tokens and tool observations), from the
+    per-row lengths of the stored (jagged) ``response_mask``."""
+    lengths = torch.tensor([len(row) for row in nested_mask.unbind()])
+    return (torch.arange(width)[None, :] < lengths[:, None]).long()
+
+
+@auto_await
+async def run_async(coroutine: Any) -> Any:
+    """Await ``coroutine`` from the driver's synchronous step (verl's ``auto_await`` picks the event loop)."""
+    return await coroutine
 
 
 def store_per_token(batch: KVBatchMeta, fields: dict[str, torch.Tensor], nested_mask: torch.Tensor) -> KVBatchMeta:

@@ -1,0 +1,205 @@
+"""Value sources through the GROUP-PPO trainer's advantage step, on a real TransferQueue: ``prefix_tree`` and ``mc``
+give the estimator the values of the loop references, no critic field is read or written, and ``mc`` samples its
+continuations in one batch through the rollout client (a stand-in here) and scores them with the run's function."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+import verl_group_ppo_testutils_integration as U
+from verl_group_ppo.config import read_algorithm_settings
+from verl_group_ppo.core_algos import compute_group_ppo_outputs, find_group_endpoints, group_start_mask
+from verl_group_ppo.integration import mc_rollout
+from verl_group_ppo.integration.critic_loss import CRITIC_WEIGHTS_KEY
+from verl_group_ppo_testutils_reference import loop_mc_boundary_values, loop_prefix_tree_values
+
+PREFIX_TREE = ["++algorithm.group_params.value_source=prefix_tree"]
+MC = ["++algorithm.group_params.value_source=mc", "++algorithm.group_params.group_max_size=3",
+      "++algorithm.group_params.mc_samples=3", "actor_rollout_ref.rollout.response_length=16"]
+
+
+def shared_prefix_samples(seed: int = 0) -> list[dict]:
+    """3 prompts x 4 replies over a 3-token vocabulary (so prefixes are shared), lengths differ, one reply with a
+    hole, the prompts' replies interleaved in the batch (as after verl's batch balancing)."""
+    samples = U.make_samples(n_prompts=3, n_per_prompt=4, max_response=8, seed=seed, with_padding_row=False)
+    g = torch.Generator().manual_seed(seed)
+    for s in samples:
+        s["responses"] = torch.randint(1, 4, s["responses"].shape, generator=g)
+        s["data_source"] = "toy"
+        s["reward_model"] = {"ground_truth": "1"}
+        s["extra_info"] = {"row": 1}
+    order = [0, 4, 8, 1, 5, 9, 2, 6, 10, 3, 7, 11]
+    return [samples[i] for i in order]
+
+
+def uids_of(meta) -> list[str]:
+    return [key.split("_")[0] for key in meta.keys]
+
+
+def estimator_outputs(trainer, meta, values):
+    stored = U.get_padded(meta, ["response_mask", "rm_scores", "old_log_probs"])
+    return compute_group_ppo_outputs(stored["rm_scores"], stored["response_mask"], values=values,
+                                     index=np.array(uids_of(meta), dtype=object),
+                                     settings=read_algorithm_settings(trainer.config.algorithm),
+                                     old_log_probs=stored["old_log_probs"], threshold=1.0)
+
+
+def test_prefix_tree_values_reach_the_estimator_and_no_critic_field_is_stored(ray_tq):
+    trainer = U.make_trainer(PREFIX_TREE)
+    assert not trainer.use_critic
+    samples = shared_prefix_samples()
+    meta = U.put_samples(samples)
+    metrics: dict = {}
+    out = trainer._compute_advantage(meta, metrics)
+    assert CRITIC_WEIGHTS_KEY not in out.fields
+
+    # the loop reference over the whole batch: a prompt's replies are grouped by uid wherever they sit
+    ids = [s["responses"].tolist() for s in samples]
+    width = max(len(r) for r in ids)
+    padded = [r + [0] * (width - len(r)) for r in ids]
+    exists = [[1] * len(r) + [0] * (width - len(r)) for r in ids]
+    scores = [float(s["rm_scores"].sum()) for s in samples]
+    want = torch.tensor(loop_prefix_tree_values(padded, exists, scores, uids_of(meta)))
+    assert any(len(set(tuple(r[:2]) for r, u in zip(ids, uids_of(meta)) if u == uid)) < 4
+               for uid in set(uids_of(meta))), "the batch should share prefixes"
+
+    stored = U.get_padded(out, ["advantages", "returns"])
+    expected = estimator_outputs(trainer, out, want.float())
+    assert torch.equal(stored["advantages"], expected.advantages)
+    assert torch.equal(stored["returns"], expected.returns)
+    assert {k: metrics[k] for k in expected.metrics} == expected.metrics
+    assert "group/mc_responses" not in metrics
+
+
+class FakeClient:
+    """verl's ``LLMServerClient.generate`` stand-in: each request answers ``[7] * (1 + len(prompt) % 3)``, capped at
+    the request's ``max_tokens``; records the requests and how many were in flight together."""
+
+    def __init__(self):
+        self.requests, self.in_flight, self.most_in_flight = [], 0, 0
+
+    async def generate(self, request_id, *, prompt_ids, sampling_params):
+        self.requests.append((list(prompt_ids), dict(sampling_params)))
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        await asyncio.sleep(0)
+        self.in_flight -= 1
+        return SimpleNamespace(token_ids=[7] * min(1 + len(prompt_ids) % 3, sampling_params["max_tokens"]),
+                               stop_reason="completed")
+
+
+class FakeTokenizer:
+    def decode(self, ids, skip_special_tokens=True):
+        assert skip_special_tokens
+        return " ".join(str(i) for i in ids)
+
+
+def deterministic_score(data_source, solution_str, ground_truth, extra_info):
+    """1 when the reply's first token is 1, whatever follows: the value of every prefix is exactly known."""
+    assert (data_source, ground_truth, extra_info) == ("toy", "1", {"row": 1})
+    return {"score": float(solution_str.split()[0] == "1"), "acc": 0.0}
+
+
+def mc_trainer(score_fn=deterministic_score):
+    trainer = U.make_trainer(MC)
+    client, calls = FakeClient(), []
+    trainer.get_llm_client = lambda: client
+    trainer.checkpoint_manager = SimpleNamespace(update_weights=lambda step: calls.append(("update_weights", step)),
+                                                 sleep_replicas=lambda: calls.append(("sleep",)))
+    trainer.tokenizer = FakeTokenizer()
+    trainer.timing_raw = {}
+    trainer.global_steps = 3
+    trainer._mc_score_fn = score_fn
+    return trainer, client, calls
+
+
+def test_mc_samples_k_continuations_per_boundary_in_one_batch_and_gives_the_exact_value(ray_tq):
+    trainer, client, calls = mc_trainer()
+    assert not trainer.use_critic
+    samples = shared_prefix_samples(seed=1)
+    meta = U.put_samples(samples)
+    metrics: dict = {}
+    out = trainer._compute_advantage(meta, metrics)
+    assert CRITIC_WEIGHTS_KEY not in out.fields
+    assert calls == [("update_weights", 3), ("sleep",)]  # woken with the batch's weights, asleep again after
+
+    stored = U.get_padded(out, ["response_mask", "responses", "rm_scores"])
+    starts = group_start_mask(find_group_endpoints(torch.zeros_like(stored["rm_scores"]), stored["response_mask"],
+                                                   boundary_rule="fixed", group_max_size=3), stored["response_mask"])
+    later = starts.clone()
+    later[:, 0] = False
+    n_starts = int(later.sum())
+    assert n_starts > len(samples)
+    assert metrics["group/mc_responses"] == 3 * n_starts == len(client.requests)
+    assert client.most_in_flight == len(client.requests)  # every request in flight at once: one batch
+    assert metrics["group/mc_tokens"] == sum(1 + len(p) % 3 if 1 + len(p) % 3 <= sp["max_tokens"] else sp["max_tokens"]
+                                             for p, sp in client.requests)
+    assert "group_mc" in trainer.timing_raw
+
+    # each request is the prompt plus the reply up to its boundary, with the reply's remaining budget
+    rows = later.nonzero().tolist()
+    for i, (row, start) in enumerate(rows):
+        for j in range(3):
+            prompt_ids, params = client.requests[3 * i + j]
+            assert prompt_ids == samples[row]["prompts"].tolist() + samples[row]["responses"][:start].tolist()
+            assert params["max_tokens"] == 16 - start and params["temperature"] == 1.0
+
+    # the deterministic reward: the value at every start after position 0 is exactly the reply's own first-token
+    # score, and at position 0 the prompt's mean reward
+    first_is_one = [float(s["responses"][0] == 1) for s in samples]
+    continuation_scores = [[first_is_one[row]] * 3 for row, _ in rows]
+    scores = [float(s["rm_scores"].sum()) for s in samples]
+    want = torch.tensor(loop_mc_boundary_values(starts.tolist(), continuation_scores, scores, uids_of(meta)))
+    expected = estimator_outputs(trainer, out, want.float())
+    assert torch.equal(U.get_padded(out, ["advantages"])["advantages"], expected.advantages)
+
+
+def test_mc_scores_through_the_runs_reward_function_as_verls_reward_loop_decodes(ray_tq):
+    seen = []
+
+    def score(data_source, solution_str, ground_truth, extra_info):
+        seen.append(solution_str)
+        return 0.5
+
+    trainer, client, _ = mc_trainer(score)
+    samples = shared_prefix_samples(seed=2)
+    trainer._compute_advantage(U.put_samples(samples), {})
+    # the scored text is the reply's prefix followed by the continuation, without the prompt
+    prompt_len = {tuple(s["prompts"].tolist()): len(s["prompts"]) for s in samples}
+    decoded = []
+    for prompt_ids, _ in client.requests:
+        n = next(n for p, n in prompt_len.items() if tuple(prompt_ids[:n]) == p)
+        tokens = [7] * min(1 + len(prompt_ids) % 3, 16 - (len(prompt_ids) - n))
+        decoded.append(" ".join(str(t) for t in prompt_ids[n:] + tokens))
+    assert seen == decoded
+
+
+def test_boundary_prefixes_leave_position_zero_to_the_prompt_mean():
+    starts = torch.tensor([[True, False, True, True], [True, True, False, False]])
+    responses = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12]])
+    prefixes, rows = mc_rollout.boundary_prefixes([[1], [2, 3]], responses, starts, response_length=4)
+    assert rows == [0, 0, 1]
+    assert [(p.prompt_ids, p.reply_ids, p.max_tokens) for p in prefixes] == [
+        ([1], [5, 6], 2), ([1], [5, 6, 7], 1), ([2, 3], [9], 3)]
+
+
+def test_rollout_sampling_params_follow_the_rollouts():
+    config = U.compose_config(["actor_rollout_ref.rollout.temperature=0.7", "actor_rollout_ref.rollout.top_p=0.9",
+                               "actor_rollout_ref.rollout.top_k=5"])
+    assert mc_rollout.rollout_sampling_params(config) == {"temperature": 0.7, "top_p": 0.9, "top_k": 5,
+                                                         "repetition_penalty": 1.0, "logprobs": False}
+
+
+def test_an_aborted_continuation_is_an_error():
+    class Aborting:
+        async def generate(self, request_id, *, prompt_ids, sampling_params):
+            return SimpleNamespace(token_ids=[], stop_reason="aborted")
+
+    prefix = mc_rollout.Prefix(prompt_ids=[1], reply_ids=[2], max_tokens=3)
+    with pytest.raises(RuntimeError, match="aborted"):
+        asyncio.run(mc_rollout.sample_continuations(Aborting(), [prefix], 2, {}))
