@@ -534,3 +534,40 @@ def test_validate_config_names_the_attention_override_when_the_critic_would_need
     assert validate_config(config=config, use_reference_policy=False, use_critic=False) == "verl ran"
     config["critic"] = {"model": {"override_config": {"attn_implementation": "sdpa"}}}
     assert validate_config(config=config, use_reference_policy=False, use_critic=True) == "verl ran"
+
+
+# ----------------------------------------------------------------------------------------------------
+# value sources: no critic worker for mc and prefix_tree, and the start-up refusals
+
+
+@pytest.mark.parametrize("source,critic", [("critic", True), ("mc", False), ("prefix_tree", False)])
+def test_need_critic_follows_the_value_source(source, critic):
+    config = U.compose_config(["algorithm.adv_estimator=group_ppo", "actor_rollout_ref.rollout.name=hf",
+                               f"++algorithm.group_params.value_source={source}"])
+    assert _need_critic()(config) is critic
+
+
+@pytest.mark.parametrize("overrides,names", [
+    (["++algorithm.group_params.value_source=mc", "critic.enable=true"], ("critic.enable", "value_source")),
+    (["++algorithm.group_params.value_source=prefix_tree", "critic.enable=true"], ("critic.enable", "value_source")),
+    (["critic.enable=false"], ("critic.enable", "value_source")),
+    (["++algorithm.group_params.value_source=mc", "++algorithm.group_params.boundary_rule=variance"],
+     ("boundary_rule", "value_source")),
+    (["++algorithm.group_params.value_source=mc", "++algorithm.group_params.mc_samples=0"], ("mc_samples",)),
+    (["++algorithm.group_params.value_source=mc", "actor_rollout_ref.rollout.name=trtllm"],
+     ("actor_rollout_ref.rollout.name", "value_source")),
+    (["++algorithm.group_params.value_source=mc", "actor_rollout_ref.rollout.multi_turn.enable=true"],
+     ("actor_rollout_ref.rollout.multi_turn.enable", "value_source")),
+    (["++algorithm.group_params.value_source=mc", "trainer.v1.trainer_mode=colocate_async"],
+     ("trainer.v1.trainer_mode", "value_source")),
+    (["++algorithm.group_params.value_source=mc", "reward.reward_model.enable=true"],
+     ("reward.reward_model.enable", "value_source")),
+    (["++algorithm.group_params.value_source=mc", "reward.reward_manager.name=dapo"],
+     ("reward.reward_manager.name", "value_source")),
+])
+def test_value_source_startup_errors_name_both_keys(overrides, names):
+    config = U.compose_config(["algorithm.adv_estimator=group_ppo", "actor_rollout_ref.rollout.name=hf", *overrides])
+    with pytest.raises(ValueError) as err:
+        _need_critic()(config)
+    for name in names:
+        assert name in str(err.value), str(err.value)

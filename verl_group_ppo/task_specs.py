@@ -85,7 +85,7 @@ def shell_values(spec: TaskSpec) -> dict[str, str | tuple[str, ...]]:
         **{name: str(getattr(spec, name)) for name in (
             "prompt_length", "response_length", "train_batch", "rollout_n", "steps", "actor_lr", "critic_lr",
             "actor_mini_batch", "critic_mini_batch", "rank_unit", "val_before_train", "test_freq", "threads",
-            "max_assistant_turns")}}
+            "max_assistant_turns", "value_group_size")}}
     if spec.multi_turn:
         values["tool_file"] = importlib.util.find_spec(TOOL_MODULE).origin
     return values

@@ -63,6 +63,7 @@ class TaskSpec:
     project: str  # trainer.project_name
     accuracy_band: tuple[float, float]  # prepare refuses a model whose sampled accuracy is outside it
     max_assistant_turns: int = 0  # multi-turn: the agent loop's turn limit (0: single-turn)
+    value_group_size: int = 4  # group_max_size of the launcher's runs with value_source mc or prefix_tree
 
     def __post_init__(self) -> None:
         for name in ("train_batch", "rollout_n", "steps", "actor_mini_batches", "critic_mini_batches", "threads"):

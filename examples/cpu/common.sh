@@ -37,7 +37,9 @@
 #   PYTHON    interpreter with verl and verl-group-ppo (default: the repository's .venv/bin/python
 #             when present, else python3)
 #   VALUE_SOURCE  group_ppo only: critic (default), mc or prefix_tree, as ++algorithm.group_params.value_source
-#             (docs/algorithm.md, "Value sources"); MC_SAMPLES: ++algorithm.group_params.mc_samples (K, mc only)
+#             (docs/algorithm.md, "Value sources"); MC_SAMPLES: ++algorithm.group_params.mc_samples (K, mc only).
+#             With mc or prefix_tree (set either way) groups are the fixed rule's, of the spec's value_group_size
+#             tokens (4), unless an override sets group_max_size or boundary_rule
 #   NICE      nice level of the run (default 5: the run yields to interactive work)
 #   DEVICE    cpu (default): the CPU backend (VERL_PLATFORM=cpu, trainer.device=cpu, 8 logical Ray CPUs, the
 #             spec's threads). cuda: verl on GPUs, the same tasks and settings otherwise: no VERL_PLATFORM
@@ -137,10 +139,16 @@ if [ -z "${PYTHON:-}" ]; then
 fi
 # The task's spec as shell variables (spec_name, default_work_dir, prepare_module, prepare_args, reward_path,
 # project, prompt_length, response_length, train_batch, rollout_n, steps, actor_lr, critic_lr, actor_mini_batch,
-# critic_mini_batch, rank_unit, val_before_train, test_freq, threads, max_assistant_turns; tool_file when
-# multi-turn). A TASK or MULTI_TURN that names no task stops here.
+# critic_mini_batch, rank_unit, val_before_train, test_freq, threads, max_assistant_turns, value_group_size;
+# tool_file when multi-turn). A TASK or MULTI_TURN that names no task stops here.
 spec=$("$PYTHON" -m verl_group_ppo.task_specs shell "$TASK" "$MULTI_TURN") || exit 2
 eval "$spec"
+# mc and prefix_tree cut replies with the fixed rule at the spec's value_group_size tokens (the headroom benchmark:
+# on the tiny task's ~11-token replies, groups of 4 leave 88% of the return variance to inner boundaries)
+if [ "$estimator" = group_ppo ] && [ "${value_source:-critic}" != critic ] \
+    && ! has_key algorithm.group_params.group_max_size && ! has_key algorithm.group_params.boundary_rule; then
+  specific+=(++algorithm.group_params.group_max_size="$value_group_size")
+fi
 if [ "$MULTI_TURN" = 1 ] && [ "$(override_value actor_rollout_ref.rollout.name)" = vllm ]; then
   # vLLM's CPU attention serves heads of 32 dimensions and up; the tool task's tiny model has 16
   default_work_dir=$default_work_dir-small

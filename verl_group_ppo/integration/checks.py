@@ -104,6 +104,16 @@ def check_mc_rollout(config: Any) -> None:
                          "continues a reply with one generate call, which runs no tools, so a continuation of a "
                          "tool-calling reply is not a sample of the policy's episode; use value_source=prefix_tree "
                          "(or critic) in the multi-turn loop.")
+    if bool(select(config, "reward.reward_model.enable", False)):
+        raise ValueError(f"reward.reward_model.enable=true: {GROUP_PARAMS_PATH}.value_source=mc scores its "
+                         "continuations with the run's rule reward function (reward.custom_reward_function or "
+                         "verl's default_compute_score) in the driver, not with a reward model; use "
+                         "value_source=prefix_tree.")
+    manager = str(select(config, "reward.reward_manager.name", "naive"))
+    if manager != "naive":
+        raise ValueError(f"reward.reward_manager.name={manager}: {GROUP_PARAMS_PATH}.value_source=mc scores its "
+                         "continuations as verl's naive reward manager scores a reply (the reward function's score, "
+                         "nothing added); use reward.reward_manager.name=naive or value_source=prefix_tree.")
     mode = str(select(config, "trainer.v1.trainer_mode", "sync"))
     if mode != "sync":
         raise ValueError(f"trainer.v1.trainer_mode={mode}: {GROUP_PARAMS_PATH}.value_source=mc samples its "

@@ -173,15 +173,18 @@ class GroupPPOTrainerMixin:
         k = self.group_settings.group.mc_samples
         if not prefixes:
             return torch.empty((0, k)), 0
-        self.checkpoint_manager.update_weights(self.global_steps)
-        try:
-            continuations = run_async(mc_rollout.sample_continuations(
-                self.get_llm_client(), prefixes, k, mc_rollout.rollout_sampling_params(self.config)))
-        finally:
-            self.checkpoint_manager.sleep_replicas()
+        with marked_timer("group_mc_generate", self.timing_raw):
+            self.checkpoint_manager.update_weights(self.global_steps)
+            try:
+                continuations = run_async(mc_rollout.sample_continuations(
+                    self.get_llm_client(), prefixes, k, mc_rollout.rollout_sampling_params(self.config)))
+            finally:
+                self.checkpoint_manager.sleep_replicas()
         if self._mc_score_fn is None:
             self._mc_score_fn = mc_rollout.reward_function(self.config)
-        scores = mc_rollout.score_continuations(self._mc_score_fn, self.tokenizer, prefixes, continuations, rows, info)
+        with marked_timer("group_mc_score", self.timing_raw):
+            scores = mc_rollout.score_continuations(self._mc_score_fn, self.tokenizer, prefixes, continuations, rows,
+                                                    info)
         return scores, sum(len(c) for samples in continuations for c in samples)
 
     def _records(self, batch: KVBatchMeta, fetched: dict, outputs: GroupPPOOutputs,
