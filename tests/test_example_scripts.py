@@ -550,3 +550,40 @@ def test_cpu_launcher_refuses_an_unknown_device(tmp_path):
            "DEVICE": "gpu"}
     proc = subprocess.run(["bash", str(CPU_LAUNCHER), "gae"], env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "DEVICE='gpu' must be cpu or cuda" in proc.stderr
+
+
+# ----------------------------------------------------------------------------------------------------
+# the mc variant of the GSM8K recipes (value_source=mc: no critic)
+
+
+def mc_script_path(size: str) -> Path:
+    return SCRIPT_DIR / f"run_qwen2_5-{size}_gsm8k_mc.sh"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("size", SIZES)
+def test_mc_recipe_composes_with_verl_config_and_runs_no_critic(size, stub_bin, tiny_model, tmp_path):
+    from omegaconf import OmegaConf
+
+    from verl_group_ppo.config import GroupParams
+
+    env = {"DATA_DIR": str(tmp_path / "gsm8k"), "MODEL_PATH": tiny_model}
+    items = overrides_of(mc_script_path(size), stub_bin, tmp_path, env=env)
+    pairs = dict(item.split("=", 1) for item in items)
+    assert len(pairs) == len(items), "a key is set twice"
+    cfg = compose(items)
+    OmegaConf.to_container(cfg, resolve=True)
+    assert cfg.algorithm.adv_estimator == "group_ppo" and cfg.actor_rollout_ref.rollout.name == "vllm"
+    assert cfg.trainer.experiment_name == f"qwen2_5-{size}_gsm8k_group_ppo_mc"
+    params = GroupParams.from_config(cfg.algorithm.group_params)
+    assert params == GroupParams(value_source="mc", mc_samples=4, group_max_size=64)
+    assert params.boundary_rule == "fixed"
+    use_critic, use_ref = main_ppo_checks(cfg)
+    assert not use_critic and not use_ref and cfg.trainer.critic_warmup == 0
+
+    # against the critic recipe: only the value source's keys, the critic and its warm-up, and the run's names
+    group = dict(item.split("=", 1) for item in overrides_of(script_path(size, "group_ppo"), stub_bin, tmp_path,
+                                                               env=env))
+    differ = {k for k in pairs.keys() | group.keys() if pairs.get(k) != group.get(k)}
+    assert differ == RUN_PATH_KEYS | {"trainer.experiment_name", "critic.enable", "trainer.critic_warmup"} | {
+        GROUP_KEY + key for key in ("value_source", "mc_samples", "group_max_size")}

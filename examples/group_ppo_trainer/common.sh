@@ -4,7 +4,7 @@
 #   bash examples/group_ppo_trainer/common.sh SIZE ESTIMATOR [extra Hydra overrides...]
 #
 #   SIZE       0.5b | 1.5b | 3b | 7b          (picks model, GPU count, batch sizes)
-#   ESTIMATOR  group_ppo | gae | grpo
+#   ESTIMATOR  group_ppo | group_ppo_mc | gae | grpo
 #
 # The run_qwen2_5-*_gsm8k*.sh scripts next to this file call it with fixed SIZE and ESTIMATOR (the *_multiturn*
 # ones with MULTI_TURN=1).
@@ -36,6 +36,9 @@
 #              critic-only steps) and ++algorithm.group_params.group_max_size=32; every other
 #              algorithm.group_params key takes its package default (verl_group_ppo.config.GroupParams,
 #              listed in docs/configuration.md)
+#   group_ppo_mc  algorithm.adv_estimator=group_ppo with ++algorithm.group_params.value_source=mc,
+#              mc_samples=4 and group_max_size=64: boundary values from 4 continuations per group start, no
+#              critic (critic.enable=False, no warm-up), no KL
 #   gae        algorithm.adv_estimator=gae, critic.enable=True, the same critic warm-up
 #   grpo       algorithm.adv_estimator=grpo, critic.enable=False (GRPO has no critic, no warm-up), and the KL
 #              to the reference policy as a loss term: actor.use_kl_loss=True, kl_loss_coef=0.001,
@@ -145,6 +148,21 @@ case "$estimator" in
       # (docs/configuration.md, "group_max_size"; benchmarks/bench_long_cot.py).
       ++algorithm.group_params.group_max_size=32
     ) ;;
+  group_ppo_mc)
+    specific=(
+      algorithm.adv_estimator=group_ppo
+      # boundary values from Monte Carlo continuations instead of a critic (docs/algorithm.md, "Value
+      # sources"): K=4 continuations from each group start, sampled by the vLLM rollout; no critic worker, so
+      # nothing to warm up
+      ++algorithm.group_params.value_source=mc
+      ++algorithm.group_params.mc_samples=4
+      # groups of at most 64 tokens (the fixed rule, mc's default): about a quarter of a GSM8K reply, so most
+      # of a reply's outcome is decided at inner boundaries (the tiny task's headroom table, docs/results.md)
+      ++algorithm.group_params.group_max_size=64
+      critic.enable=False
+      trainer.critic_warmup=0
+      actor_rollout_ref.actor.use_kl_loss=False
+    ) ;;
   gae)
     specific=(
       algorithm.adv_estimator=gae
@@ -163,7 +181,7 @@ case "$estimator" in
       actor_rollout_ref.actor.kl_loss_coef=0.001
       actor_rollout_ref.actor.kl_loss_type=low_var_kl
     ) ;;
-  *) echo "common.sh: unknown ESTIMATOR '$estimator' (expected group_ppo, gae or grpo)" >&2; exit 2 ;;
+  *) echo "common.sh: unknown ESTIMATOR '$estimator' (expected group_ppo, group_ppo_mc, gae or grpo)" >&2; exit 2 ;;
 esac
 
 # Tool calling: the tool replies sit in the response with response_mask 0 (GROUP-PPO ends a group at every
