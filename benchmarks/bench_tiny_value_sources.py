@@ -14,9 +14,10 @@ resumes at the first missing run. The report gives each metric three ways: per s
 generated token (every run cut at the smallest token total of any run) and per wall-clock second (cut at the
 smallest total step time of any run).
 
-``--sweep speed`` runs gae, group_ppo (critic), prefix_tree and mc at K = 4 for :data:`SPEED_STEPS` steps, twice
-each in alternation, and prints verl's ``timing_s/*`` means over the steps after the first with each arm's step time
-as a ratio to gae's in the same sweep.
+The comparison's report ends with the step times of its own runs (every arm, seed by seed on one machine: a
+same-run benchmark against gae). ``--sweep speed`` runs gae, group_ppo (critic), prefix_tree and mc at K = 4 for
+:data:`SPEED_STEPS` steps, twice each in alternation, and prints the same table: verl's ``timing_s/*`` means over
+the steps after the first, each arm's step time as a ratio to gae's, and each phase's share of the step.
 """
 
 from __future__ import annotations
@@ -160,13 +161,13 @@ PHASES = ("step", "gen", "values", "adv", "group_mc", "group_mc_generate", "grou
           "update_actor")
 
 
-def report_speed(records: list[dict]) -> str:
-    """Mean ``timing_s/*`` over steps 2.. per arm (both repeats), the step time as a ratio to gae's, and each
+def report_speed(records: list[dict], arms: tuple[str, ...] = SPEED_ARMS) -> str:
+    """Mean ``timing_s/*`` over steps 2.. per arm (every record of it), the step time as a ratio to gae's, and each
     phase's share of the step."""
     if not records:
         return "no speed records yet"
     means: dict[str, dict[str, float]] = {}
-    for arm in SPEED_ARMS:
+    for arm in arms:
         steps = [m for r in records if r["arm"] == arm for s, m in r["steps"].items() if int(s) > 1]
         if steps:
             means[arm] = {p: mean(m.get(f"timing_s/{p}", 0.0) for m in steps) for p in PHASES}
@@ -191,7 +192,9 @@ def report(sweep_name: str) -> str:
     if sweep_name == "speed":
         return report_speed([r for _, r in pairs])
     missing = [run.label() for run in the_sweep.pending(accept_for(sweep_name))]
-    return report_comparison([r for _, r in pairs], missing)
+    records = [r for _, r in pairs]
+    return (report_comparison(records, missing) + "\n\nStep times of the same runs (steps 2-20, every seed):\n\n"
+            + report_speed(records, tuple(ARMS)))
 
 
 def main(argv: list[str] | None = None) -> int:

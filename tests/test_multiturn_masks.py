@@ -239,3 +239,62 @@ def test_multiturn_main_ppo_two_steps_through_verls_tool_agent_loop(tool_task, t
         for check in CHECKS:
             check(records)
         check_the_run_computed_what_the_core_computes(records, GroupParams())
+
+
+# ------------------------------------------------------------------------------------------- value sources
+
+
+def test_multiturn_prefix_tree_on_the_recorded_masks_counts_tool_replies_in_the_prefix(recorded):
+    """value_source=prefix_tree on verl's real tool-loop rows: the tree is built over every position a reply has
+    (tool replies included: they are part of the state), tool tokens still get no advantage, and a turn stays
+    whole under the turn rule."""
+    from verl_group_ppo.value_sources import prefix_tree_values
+    from verl_group_ppo_testutils_reference import loop_prefix_tree_values
+
+    records = recorded[:8]  # two prompts' replies: the loop reference is O(B^2 T^2)
+    batch = as_batch(records)
+    lengths = [len(r["row"]["response_mask"]) for r in records]
+    width = batch["response_mask"].shape[1]
+    exists = torch.tensor([[1] * n + [0] * (width - n) for n in lengths])
+    ids = batch["response_ids"].long() * exists
+    scores = batch["token_level_rewards"].sum(dim=1)
+    values = prefix_tree_values(ids, exists, scores, batch["uids"])
+    want = loop_prefix_tree_values(ids.tolist(), exists.tolist(), scores.tolist(), batch["uids"])
+    assert torch.allclose(values, torch.tensor(want, dtype=values.dtype), rtol=0, atol=1e-12)
+
+    settings = read_algorithm_settings({"gamma": 1.0, "lam": 1.0, "group_params": {
+        "value_source": "prefix_tree", "boundary_rule": "turn"}})
+    out = compute_group_ppo_outputs(batch["token_level_rewards"], batch["response_mask"], values=values,
+                                    settings=settings, index=batch["uids"])
+    holes = (exists == 1) & (batch["response_mask"] == 0)
+    assert holes.any(), "the recorded rows should hold tool replies"
+    assert (out.advantages[holes] == 0).all() and (out.advantages[exists == 0] == 0).all()
+    for b, mask_row in enumerate(batch["response_mask"].tolist()):
+        for run in turns(mask_row[: lengths[b]]):
+            assert len(set(out.group_ids[b, run].tolist())) == 1  # one group per turn
+
+
+@pytest.mark.slow
+def test_multiturn_prefix_tree_two_steps_through_verls_tool_agent_loop_without_a_critic(tool_task, tmp_path):
+    """value_source=prefix_tree in verl's tool agent loop, one group per turn: no critic update, and the run's
+    advantages are the core's on the tree's values (the dump holds the values the estimator read)."""
+    from test_cpu_e2e import SMALL, summarize_log
+
+    dump = tmp_path / "dump"
+    env = {**os.environ, "WORK_DIR": str(tool_task), "PYTHON": sys.executable, "MULTI_TURN": "1", "PREPARE": "0",
+           "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
+    proc = subprocess.run(["bash", str(REPO / "examples" / "cpu" / "common.sh"), "group_ppo", *SMALL,
+                           f"trainer.rollout_data_dir={dump}", "++algorithm.group_params.value_source=prefix_tree",
+                           "++algorithm.group_params.boundary_rule=turn"],
+                          env=env, capture_output=True, text=True, timeout=900)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-6000:]
+    steps = summarize_log.parse_step_metrics(output)
+    assert sorted(steps) == [1, 2] and not any("critic/vf_loss" in m for m in steps.values())
+    params = GroupParams(value_source="prefix_tree", boundary_rule="turn")
+    for step in (1, 2):
+        records = load_records(dump / f"{step}.groups.jsonl")
+        check_holes_are_tool_replies(records)
+        check_tool_tokens_get_no_advantage_and_no_critic_loss(records)
+        check_every_turn_ends_a_group(records)
+        check_the_run_computed_what_the_core_computes(records, params)
