@@ -203,9 +203,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work-dir", default=os.path.join(REPO, "runs", "cpu-tiny"),
                         help="the tiny task's directory (the launcher prepares it when needed)")
     parser.add_argument("--report", action="store_true", help="only print the tables from the kept records")
+    parser.add_argument("--from-end", action="store_true",
+                        help="take the pending runs from the last seed backwards: a second worker beside one started "
+                             "without it (each skips a run the other finished)")
     args = parser.parse_args(argv)
     if not args.report:
-        run_pending(sweep(args.sweep), lambda run: run_one(run, args.sweep, os.path.abspath(args.work_dir)),
+        the_sweep = sweep(args.sweep)
+        if args.from_end:
+            the_sweep = the_sweep._replace(runs=tuple(reversed(the_sweep.runs)))
+        run_pending(the_sweep, lambda run: run_one(run, args.sweep, os.path.abspath(args.work_dir)),
                     accept_for(args.sweep), tag=f"tiny value sources {args.sweep}")
     print(report(args.sweep))
     return 0

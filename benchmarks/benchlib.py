@@ -186,12 +186,16 @@ def run_pending(sweep: Sweep, run_one: Callable[[Run], dict], accept: Accept = N
     to ``log``, tagged ``[tag]``); returns how many ran."""
     todo = sweep.pending(accept)
     log(f"[{tag}] {len(sweep.runs) - len(todo)} of {len(sweep.runs)} runs finished; {len(todo)} to run")
+    ran = 0
     for i, run in enumerate(todo, 1):
+        if sweep.load(run, accept) is not None:  # another worker on the same sweep finished it meanwhile
+            continue
         start = time.perf_counter()
         log(f"[{tag}] run {i}/{len(todo)}: {run.label()}")
         sweep.save(run, run_one(run))
+        ran += 1
         log(f"[{tag}] finished {run.label()} in {time.perf_counter() - start:.0f} s")
-    return len(todo)
+    return ran
 
 
 def differences(records: Iterable[dict], pairs: Iterable[tuple[str, str]], metrics: Mapping[str, str],

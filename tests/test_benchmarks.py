@@ -509,3 +509,18 @@ def test_the_critic_benchmark_runs_on_a_tiny_model(tmp_path, monkeypatch):
     curve = record["lrs"]["0.001"]["explained_variance"]
     assert set(curve) == {"0", "1"} and all(set(point) == {"all", "first"} for point in curve.values())
     assert len(record["lrs"]["0.001"]["loss_first"]) == 1 and math.isfinite(record["lrs"]["0.001"]["loss_last"][0])
+
+
+def test_run_pending_skips_a_run_another_worker_finished_meanwhile(tmp_path):
+    lib = _load("benchlib")
+    sweep = lib.Sweep(str(tmp_path), (lib.Run("x", 0), lib.Run("x", 1), lib.Run("x", 2)))
+    ran = []
+
+    def run_one(run):
+        ran.append(run.seed)
+        if run.seed == 0:  # the other worker (taking the plan from its end) finishes seed 2 meanwhile
+            sweep.save(lib.Run("x", 2), {"by": "other"})
+        return {"by": "this"}
+
+    assert lib.run_pending(sweep, run_one, log=lambda m: None) == 2  # three were pending when it started
+    assert ran == [0, 1] and sweep.load(lib.Run("x", 2)) == {"by": "other"}
