@@ -9,11 +9,14 @@ checks share as few runs as possible:
 * group_ppo on 2 ranks (FSDP1, dynamic batches, remove-padding), 2 steps, checkpoint at step 2 (sync trainer);
 * group_ppo resumed from it to step 3 in verl's ``colocate_async`` trainer, ``critic_loss_on=all_tokens``: the
   threshold comes from the checkpoint;
-* grpo, 2 steps.
+* grpo, 2 steps;
+* group_ppo with ``value_source=prefix_tree``, and with ``value_source=mc`` on the hf rollout on 2 ranks and on
+  verl's vLLM rollout (the `small` model, when vLLM's CPU build is installed), 2 steps each, no critic worker.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -24,6 +27,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from verl_group_ppo_testutils_vllm import VLLM_SKIP_REASON, vllm_installed
 
 from verl_group_ppo import taskdir
 from verl_group_ppo.tinytask import prepare as prep
@@ -440,3 +444,70 @@ def test_grpo_baseline_runs_two_steps(tiny_task, tmp_path):
         assert steps[step]["training/rollout_probs_diff_max"] < 1e-4, (step, steps[step])
     assert not any(k.startswith("group/") for m in steps.values() for k in m)
     assert (tmp_path / "ckpt" / "global_step_2").is_dir()  # the launcher saves at the last step
+
+
+# ---------------------------------------------------------------------------------------------- value sources
+
+
+def _worker_groups(output: str) -> list[str]:
+    """verl's "create worker group dict_keys([...])" lines: which workers the run built."""
+    return [line.split("create worker group", 1)[1] for line in output.splitlines() if "create worker group" in line]
+
+
+@pytest.mark.slow
+def test_prefix_tree_trains_without_a_critic_worker(tiny_task, tmp_path):
+    # value_source=prefix_tree: verl builds no critic worker (need_critic is false), no critic update runs, and the
+    # launcher cuts replies into groups of 4 (the spec's value_group_size) under the fixed rule
+    steps, output = run_main_ppo_logged(tiny_task, "group_ppo", f"trainer.default_local_dir={tmp_path / 'ckpt'}",
+                                        "++algorithm.group_params.value_source=prefix_tree")
+    assert_trained(steps, [1, 2], critic=False)
+    groups = _worker_groups(output)
+    assert groups and not any("critic" in g for g in groups), groups
+    assert "value_source=prefix_tree" in output and "boundary_rule=fixed" in output
+    for step, m in steps.items():
+        assert m["group/max_group_size"] <= 4 and m["group/groups_per_response"] > 1, (step, m)
+        assert not any(k.startswith("group/mc_") for k in m), (step, sorted(m))
+
+
+@pytest.mark.slow
+def test_mc_on_two_ranks_samples_k_continuations_from_every_inner_group_start_without_a_critic(
+        tiny_task, tmp_path, monkeypatch):
+    # two ranks: two hf rollout replicas share the continuations (verl's load balancer), the advantage step runs
+    # once in the driver over the whole batch
+    monkeypatch.setenv("N_RANKS", "2")
+    steps, output = run_main_ppo_logged(tiny_task, "group_ppo", f"trainer.default_local_dir={tmp_path / 'ckpt'}",
+                                        *TWO_RANKS_FSDP1, "++algorithm.group_params.value_source=mc",
+                                        "++algorithm.group_params.mc_samples=3")
+    assert_trained(steps, [1, 2], critic=False)
+    assert not any("critic" in g for g in _worker_groups(output))
+    assert "verl_group_ppo_hf_rollout_1" in output  # the second rank's replica
+    responses = 8 * 4
+    for step, m in steps.items():
+        # every reply has a first group (its value is the prompt's mean); each later group start gets K = 3
+        inner_starts = m["group/num_groups"] - responses
+        assert inner_starts > 0 and m["group/mc_responses"] == 3 * inner_starts, (step, m)
+        assert 0 < m["group/mc_tokens"] <= m["group/mc_responses"] * TINY.response_length, (step, m)
+        assert m["timing_s/group_mc"] > 0 and m["timing_s/group_mc_generate"] <= m["timing_s/group_mc"], (step, m)
+
+
+@pytest.fixture(scope="session")
+def small_model_task(tmp_path_factory) -> Path:
+    """The tiny task on the `small` model (attention heads vLLM's CPU attention serves), briefly warm-started."""
+    path = tmp_path_factory.mktemp("cpu_tiny_small")
+    prep.prepare(str(path), dataclasses.replace(TINY, model_size="small"), log=lambda m: None)
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not vllm_installed(), reason=VLLM_SKIP_REASON)
+def test_mc_continues_replies_through_verls_vllm_rollout(small_model_task, tmp_path):
+    # the sync trainer put the vLLM replicas to sleep after sampling; mc wakes them with the batch's weights,
+    # sends every continuation at once, and puts them back to sleep before the actor update
+    steps, output = run_main_ppo_logged(small_model_task, "group_ppo", f"trainer.default_local_dir={tmp_path / 'ckpt'}",
+                                        "++algorithm.group_params.value_source=mc",
+                                        "++algorithm.group_params.mc_samples=2", "actor_rollout_ref.rollout.name=vllm")
+    assert_trained(steps, [1, 2], critic=False)
+    assert "CPUvLLMHttpServer" in output
+    for step, m in steps.items():
+        assert m["group/mc_responses"] == 2 * (m["group/num_groups"] - 8 * 4) > 0, (step, m)
+        assert m["group/mc_tokens"] > 0, (step, m)

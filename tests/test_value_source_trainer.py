@@ -203,3 +203,18 @@ def test_an_aborted_continuation_is_an_error():
     prefix = mc_rollout.Prefix(prompt_ids=[1], reply_ids=[2], max_tokens=3)
     with pytest.raises(RuntimeError, match="aborted"):
         asyncio.run(mc_rollout.sample_continuations(Aborting(), [prefix], 2, {}))
+
+
+def test_mc_without_an_extra_info_column_hands_the_reward_an_empty_one(ray_tq):
+    seen = []
+
+    def score(data_source, solution_str, ground_truth, extra_info):
+        seen.append(extra_info)
+        return 1.0
+
+    trainer, client, _ = mc_trainer(score)
+    samples = shared_prefix_samples(seed=3)
+    for s in samples:
+        del s["extra_info"]
+    trainer._compute_advantage(U.put_samples(samples), {})
+    assert seen and all(info == {} for info in seen)

@@ -163,12 +163,16 @@ class GroupPPOTrainerMixin:
 
         The sync trainer put the rollout replicas to sleep after sampling; they are woken with the same weights
         (the actor has not updated yet) and put back to sleep after the continuations."""
-        extra = ["extra_info"] if "extra_info" in batch.fields else []  # a dataset may have no extra_info column
-        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
-                               select_fields=["prompts", "data_source", "reward_model", *extra])
+        fields = ["prompts", "data_source", "reward_model"]
+        try:
+            data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
+                                   select_fields=fields + ["extra_info"])
+            extra_info = data.get("extra_info").tolist()
+        except Exception:  # noqa: BLE001 - a dataset without an extra_info column: the reward gets {} (verl's default)
+            data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
+            extra_info = None
         prompts = [row.tolist() for row in data["prompts"].unbind()]
-        info = mc_rollout.row_info(data.get("data_source").tolist(), data.get("reward_model").tolist(),
-                                   data.get("extra_info").tolist() if extra else None)
+        info = mc_rollout.row_info(data.get("data_source").tolist(), data.get("reward_model").tolist(), extra_info)
         response_length = int(select(self.config, "actor_rollout_ref.rollout.response_length"))
         prefixes, rows = mc_rollout.boundary_prefixes(prompts, responses, starts, response_length)
         k = self.group_settings.group.mc_samples
