@@ -2,6 +2,8 @@
 
     python benchmarks/bench_value_headroom.py                  # the tiny task (runs/cpu-tiny), 256 prompts x 4
     python benchmarks/bench_value_headroom.py --report         # the tables from the records
+    python benchmarks/bench_value_headroom.py --task smollm2 --prompts 32 --k-ref 16 --critic-prompts 64 \
+        --critic-updates 40 --critic-mini-batch 16                # the real model (runs/cpu-smollm2); no record yet
 
 The warm-start policy samples ``--n`` replies to each of ``--prompts`` training prompts (temperature 1), scored by
 the package's one scorer (:func:`verl_group_ppo.reward.compute_score`); the sampler's log-probabilities of the
