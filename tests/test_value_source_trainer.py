@@ -159,14 +159,19 @@ def test_mc_samples_k_continuations_per_boundary_in_one_batch_and_gives_the_exac
     assert torch.equal(U.get_padded(out, ["advantages"])["advantages"], expected.advantages)
 
 
-def test_mc_scores_through_the_runs_reward_function_as_verls_reward_loop_decodes(ray_tq):
-    seen = []
+def recording_score(seen: list):
+    """A reward function that scores 0.5 and keeps what it was called with."""
 
     def score(data_source, solution_str, ground_truth, extra_info):
-        seen.append(solution_str)
+        seen.append({"solution_str": solution_str, "extra_info": extra_info})
         return 0.5
 
-    trainer, client, _ = mc_trainer(score)
+    return score
+
+
+def test_mc_scores_through_the_runs_reward_function_as_verls_reward_loop_decodes(ray_tq):
+    calls = []
+    trainer, client, _ = mc_trainer(recording_score(calls))
     samples = shared_prefix_samples(seed=2)
     trainer._compute_advantage(U.put_samples(samples), {})
     # the scored text is the reply's prefix followed by the continuation, without the prompt
@@ -176,7 +181,7 @@ def test_mc_scores_through_the_runs_reward_function_as_verls_reward_loop_decodes
         n = next(n for p, n in prompt_len.items() if tuple(prompt_ids[:n]) == p)
         tokens = [7] * min(1 + len(prompt_ids) % 3, 16 - (len(prompt_ids) - n))
         decoded.append(" ".join(str(t) for t in prompt_ids[n:] + tokens))
-    assert seen == decoded
+    assert [c["solution_str"] for c in calls] == decoded
 
 
 def test_boundary_prefixes_leave_position_zero_to_the_prompt_mean():
@@ -206,15 +211,10 @@ def test_an_aborted_continuation_is_an_error():
 
 
 def test_mc_without_an_extra_info_column_hands_the_reward_an_empty_one(ray_tq):
-    seen = []
-
-    def score(data_source, solution_str, ground_truth, extra_info):
-        seen.append(extra_info)
-        return 1.0
-
-    trainer, client, _ = mc_trainer(score)
+    calls = []
+    trainer, client, _ = mc_trainer(recording_score(calls))
     samples = shared_prefix_samples(seed=3)
     for s in samples:
         del s["extra_info"]
     trainer._compute_advantage(U.put_samples(samples), {})
-    assert seen and all(info == {} for info in seen)
+    assert calls and all(c["extra_info"] == {} for c in calls)
