@@ -60,7 +60,8 @@ def responses_per_step(arm: str) -> int:
 
 def sweep(name: str) -> Sweep:
     if name == "comparison":
-        return Sweep(os.path.join(REPO, RESULTS, name), tuple(plan([Run(a, s) for a in ARMS for s in SEEDS], list(ARMS))))
+        runs = [Run(arm, seed) for arm in ARMS for seed in SEEDS]
+        return Sweep(os.path.join(REPO, RESULTS, name), tuple(plan(runs, list(ARMS))))
     return Sweep(os.path.join(REPO, RESULTS, name), tuple(Run(a, r) for r in (0, 1) for a in SPEED_ARMS))
 
 
@@ -83,7 +84,8 @@ def run_one(run: Run, sweep_name: str, work_dir: str) -> dict:
 def tokens_per_step(record: dict) -> list[float]:
     """Generated tokens per step: the replies (mean length x replies) plus mc's continuations."""
     steps = record["steps"]
-    return [steps[str(s)]["response_length/mean"] * record["responses_per_step"] + steps[str(s)].get("group/mc_tokens", 0.0)
+    return [steps[str(s)]["response_length/mean"] * record["responses_per_step"]
+            + steps[str(s)].get("group/mc_tokens", 0.0)
             for s in range(1, record["steps_planned"] + 1)]
 
 
@@ -147,7 +149,8 @@ def report_comparison(records: list[dict], missing: list[str]) -> str:
     values = [{"estimator": r["arm"], **r} for r in rows]
     diffs = differences(values, PAIRS, {"per step": "final", "area": "area", "per token": "at_tokens",
                                         "per second": "at_seconds"})
-    out += ["", "| pair | last 5, per step | area | at the token budget | at the seconds budget |", "|---|---|---|---|---|"]
+    out += ["", "| pair | last 5, per step | area | at the token budget | at the seconds budget |",
+            "|---|---|---|---|---|"]
     for (arm, base), (pair, metric) in zip(PAIRS, diffs.items()):
         cells = [cell(d) if len(d["seeds"]) == len(SEEDS) else cell({**d, "verdict": f"no verdict before {len(SEEDS)}"})
                  for d in metric.values()]

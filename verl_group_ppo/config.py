@@ -225,8 +225,8 @@ def check_critic_loss_agg_mode(loss_agg_mode: Any) -> None:
 
 _NUMBER_KEYS = ("group_variance_threshold", "group_epsilon", "threshold_lr", "min_threshold", "max_threshold",
                 "low_prob_threshold", "target_explained_variance", "target_group_size")
-_CHOICES = (("value_source", VALUE_SOURCES), ("boundary_rule", BOUNDARY_RULES), ("adv_norm", ADV_NORMS), ("critic_loss_on", CRITIC_LOSS_ON),
-            ("adaptive_target", ADAPTIVE_TARGETS), ("within_group", WITHIN_GROUP),
+_CHOICES = (("value_source", VALUE_SOURCES), ("boundary_rule", BOUNDARY_RULES), ("adv_norm", ADV_NORMS),
+            ("critic_loss_on", CRITIC_LOSS_ON), ("adaptive_target", ADAPTIVE_TARGETS), ("within_group", WITHIN_GROUP),
             ("policy_loss_on", POLICY_LOSS_ON))
 
 

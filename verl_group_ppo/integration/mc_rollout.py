@@ -95,7 +95,8 @@ async def sample_continuations(client: Any, prefixes: Sequence[Prefix], k: int,
 
 
 def reward_function(config: Any) -> Callable[..., Any]:
-    """The run's rule reward: ``reward.custom_reward_function`` (verl's loader), else verl's ``default_compute_score``."""
+    """The run's rule reward: ``reward.custom_reward_function`` (verl's loader), else verl's
+    ``default_compute_score``."""
     from verl.trainer.ppo.reward import get_custom_reward_fn
     from verl.utils.reward_score import default_compute_score
 
@@ -119,7 +120,8 @@ def score_continuations(score_fn: Callable[..., Any], tokenizer: Any, prefixes: 
     return scores
 
 
-def row_info(data_source: Sequence[Any], reward_model: Sequence[Any], extra_info: Optional[Sequence[Any]]) -> list[RowInfo]:
+def row_info(data_source: Sequence[Any], reward_model: Sequence[Any],
+             extra_info: Optional[Sequence[Any]]) -> list[RowInfo]:
     """The rows' reward inputs from verl's non-tensor fields (``extra_info`` may be absent)."""
     extras = list(extra_info) if extra_info is not None else [{}] * len(data_source)
     return [RowInfo(data_source=str(source), ground_truth=(model or {}).get("ground_truth"),

@@ -128,7 +128,8 @@ class GroupPPOTrainerMixin:
 
     def _advantage_fields(self) -> list[str]:
         group = self.group_settings.group
-        fields = ["response_mask"] + (["values", "loss_mask"] if group.uses_critic else ["responses", "rm_scores", "uid"])
+        inputs = ["values", "loss_mask"] if group.uses_critic else ["responses", "rm_scores", "uid"]
+        fields = ["response_mask", *inputs]
         if group.boundary_rule == "low_prob":
             fields.append("old_log_probs")
         fields += DUMP_FIELDS if self._rollout_data_dir() else []
