@@ -132,6 +132,7 @@ def test_script_set_is_complete():
     present = {p.name for p in SCRIPT_DIR.glob("run_*.sh")}
     expected = {script_path(size, est).name for size, est in CASES}
     expected |= {multiturn_script_path(est).name for est in ESTIMATORS}
+    expected |= {mc_script_path(size).name for size in SIZES}
     assert present == expected, "every example script must be covered by this test"
 
 
