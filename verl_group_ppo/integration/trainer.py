@@ -16,13 +16,15 @@ With any estimator other than ``group_ppo`` every method below hands straight to
 
   (one line in the log; its level follows ``VERL_LOGGING_LEVEL``, INFO by default, as verl's own lines).
 
-- ``_compute_advantage`` fetches the critic's values (and old log-probs for the ``low_prob`` rule, and
-  ``loss_mask``) from TransferQueue and runs verl's own advantage step inside
+- ``_compute_advantage`` takes the boundary values from ``group_params.value_source`` (:meth:`_boundary_values`:
+  the critic's values from TransferQueue, the prompt's prefix tree, or ``mc``'s continuations through the rollout,
+  :mod:`~verl_group_ppo.integration.mc_rollout`), fetches old log-probs for the ``low_prob`` rule (and
+  ``loss_mask`` with a critic) and runs verl's own advantage step inside
   :func:`~verl_group_ppo.integration.estimator.estimator_inputs`, so KL-in-reward, rollout correction
   and the multi-trajectory handling stay verl's. It then stores the critic-loss weights next to the
   advantages (a second ``kv_batch_put``, whose metadata it returns so the critic's micro-batches carry
-  them), updates the adaptive threshold and adds the core's ``group/*`` metrics. It runs in every step,
-  critic warm-up (``trainer.critic_warmup``) included: its returns are the critic's targets.
+  them; only with a critic), updates the adaptive threshold and adds the core's ``group/*`` metrics. It runs in
+  every step, critic warm-up (``trainer.critic_warmup``) included: its returns are the critic's targets.
 - ``_setup`` installs the boundary critic loss after verl's setup installed verl's.
 - ``_save_checkpoint`` / ``_load_checkpoint`` save and restore the threshold with verl's checkpoints.
 - ``_log_rollout_data`` (verl calls it when ``trainer.rollout_data_dir`` is set) also writes
