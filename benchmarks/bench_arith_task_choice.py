@@ -7,10 +7,10 @@ For every candidate module (free-form numeric answers, :data:`MODULES`) and prom
 brief working and a final number):
 
 * the **guessing floor**: the best constant answer's share of 2000 generated ``train-easy`` questions
-  (:func:`verl_group_ppo.smollm2.numeric.guessing_floor`);
+  (:func:`verl_group_ppo.mathtask.numeric.guessing_floor`);
 * SmolLM2-135M-Instruct (the 4-bit GGUF converted once into WORK_DIR/model) sampled once per question at
   temperature 1, replies of at most 64 tokens, on the first 64 of those questions, scored by the reply's final
-  number (:func:`~verl_group_ppo.smollm2.numeric.score_final_number`): the answered rate (replies holding a
+  number (:func:`~verl_group_ppo.mathtask.numeric.score_final_number`): the answered rate (replies holding a
   number), the sampled accuracy, the accuracy among answered replies, the replies that end at EOS, the replies that
   write ``Answer:``, and the mean reply length.
 
@@ -71,7 +71,7 @@ def summarise(replies: Sequence[str], truths: Sequence[str], finished: Sequence[
     """The sampled figures of one (module, prompt) from its replies (texts, ground truths, whether each ended at
     EOS, token counts; all of one length): answered, correct, correct_among_answered (0 when none answered),
     finished, tagged (holds ``Answer:``), mean_length and the reply count."""
-    from verl_group_ppo.smollm2.numeric import score_final_number
+    from verl_group_ppo.mathtask.numeric import score_final_number
 
     n = len(replies)
     if n == 0 or not len(truths) == len(finished) == len(lengths) == n:
@@ -109,8 +109,8 @@ def keep(record: dict) -> bool:
 def measure_all(args: argparse.Namespace) -> None:
     import torch
 
-    from verl_group_ppo.smollm2 import checkpoint, evaluation, questions
-    from verl_group_ppo.smollm2.numeric import guessing_floor
+    from verl_group_ppo.mathtask import checkpoint, evaluation, questions
+    from verl_group_ppo.mathtask.numeric import guessing_floor
 
     torch.set_num_threads(args.threads)
     todo = [(p, m) for p in args.prompts for m in args.modules if read_json(record_path(p, m)) is None]

@@ -2,8 +2,8 @@
 
     python benchmarks/bench_value_headroom.py                  # the tiny task (runs/cpu-tiny), 256 prompts x 4
     python benchmarks/bench_value_headroom.py --report         # the tables from the records
-    python benchmarks/bench_value_headroom.py --task smollm2 --prompts 32 --k-ref 16 --critic-prompts 64 \
-        --critic-updates 40 --critic-mini-batch 16                # the real model (runs/cpu-smollm2); no record yet
+    python benchmarks/bench_value_headroom.py --task twoway --prompts 32 --k-ref 16 --critic-prompts 64 \
+        --critic-updates 40 --critic-mini-batch 16      # the two-way maths task (runs/cpu-twoway); no record yet
 
 The warm-start policy samples ``--n`` replies to each of ``--prompts`` training prompts (temperature 1), scored by
 the package's one scorer (:func:`verl_group_ppo.reward.compute_score`); the sampler's log-probabilities of the
@@ -264,8 +264,8 @@ def tiny_setup(work_dir: str) -> TaskSetup:
                      lambda: build_critic(policy, 0), batch=2048)
 
 
-def smollm2_setup(work_dir: str) -> TaskSetup:
-    """The prepared real-model task in ``work_dir`` (``python -m verl_group_ppo.smollm2.prepare``): SmolLM2-135M-
+def twoway_setup(work_dir: str) -> TaskSetup:
+    """The prepared two-way maths task in ``work_dir`` (``python -m verl_group_ppo.mathtask.prepare``): SmolLM2-135M-
     Instruct, its chat template, the task's rows; the critic is verl's ``AutoModelForTokenClassification`` with one
     label from the same checkpoint (a new, randomly initialised value head)."""
     import pandas as pd
@@ -277,12 +277,12 @@ def smollm2_setup(work_dir: str) -> TaskSetup:
     )
 
     from verl_group_ppo.reward import compute_score
-    from verl_group_ppo.smollm2.evaluation import prompt_ids
+    from verl_group_ppo.mathtask.evaluation import prompt_ids
 
     model_dir = os.path.join(work_dir, "model")
     if not os.path.exists(os.path.join(work_dir, "data", "prepare.json")):
-        raise SystemExit(f"--work-dir: {work_dir} is not a prepared real-model task; run python -m "
-                         f"verl_group_ppo.smollm2.prepare --output-dir {work_dir} first")
+        raise SystemExit(f"--work-dir: {work_dir} is not a prepared two-way maths task; run python -m "
+                         f"verl_group_ppo.mathtask.prepare --output-dir {work_dir} first")
     settings = json.loads(Path(work_dir, "data", "prepare.json").read_text())["settings"]
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").eval()
@@ -299,17 +299,17 @@ def smollm2_setup(work_dir: str) -> TaskSetup:
         return AutoModelForTokenClassification.from_pretrained(model_dir, num_labels=1, dtype=torch.float32,
                                                                attn_implementation="sdpa")
 
-    return TaskSetup("smollm2", policy, prompts, score, int(settings["response_length"]),
+    return TaskSetup("twoway", policy, prompts, score, int(settings["response_length"]),
                      [int(tokenizer.eos_token_id)], int(tokenizer.pad_token_id), build_critic, batch=64)
 
 
 #: task name -> (its setup, its default prepared folder)
 TASKS: dict[str, tuple[Callable[[str], TaskSetup], str]] = {"tiny": (tiny_setup, "runs/cpu-tiny"),
-                                                              "smollm2": (smollm2_setup, "runs/cpu-smollm2")}
+                                                              "twoway": (twoway_setup, "runs/cpu-twoway")}
 #: the critic's default learning rate per task: on the tiny task the best of 3e-4 and 1e-4 (2048 prompts x 4 replies,
 #: 400 updates: held-out EV 0.027 and 0.023 on other prompts; 512 prompts x 4 overfit to -0.13, and 1e-3 is worse,
-#: docs/results.md), on the real model the best of benchmarks/bench_smollm2_critic.py
-CRITIC_LR = {"tiny": 3e-4, "smollm2": 2e-4}
+#: docs/results.md), on the two-way maths task the best of benchmarks/bench_mathtask_critic.py
+CRITIC_LR = {"tiny": 3e-4, "twoway": 2e-4}
 
 
 # ---------------------------------------------------------------------------------------------- sampling
@@ -660,7 +660,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--task", default="tiny", choices=sorted(TASKS), help="which prepared task")
-    p.add_argument("--work-dir", default=None, help="the prepared task (default: runs/cpu-tiny, runs/cpu-smollm2)")
+    p.add_argument("--work-dir", default=None, help="the prepared task (default: runs/cpu-tiny, runs/cpu-twoway)")
     p.add_argument("--prompts", type=int, default=256, help="training prompts measured")
     p.add_argument("--n", type=int, default=4, help="replies per prompt")
     p.add_argument("--k-ref", type=int, default=32, help="continuations per reference value")

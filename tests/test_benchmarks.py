@@ -378,13 +378,13 @@ def test_multiturn_report_reproduces_the_committed_tables():
     assert "Missing runs (0): none" in text
 
 
-# ------------------------------------------------------------------------------------------ bench_smollm2_comparison
+# ------------------------------------------------------------------------------------------ bench_twoway_comparison
 
 
-def _smollm2_record(arm: str, seed: int, rewards: list[float], val: tuple[float, float] = (0.1, 0.2),
+def _twoway_record(arm: str, seed: int, rewards: list[float], val: tuple[float, float] = (0.1, 0.2),
                     evs: list[float] | None = None) -> dict:
     """A comparison record: step 0 is verl's validation before training, the last step carries the one after."""
-    bench = _load("bench_smollm2_comparison")
+    bench = _load("bench_twoway_comparison")
     aux = {bench.AUX.format("answered"): 0.5, bench.AUX.format("bare"): 0.1}
     steps = {"0": {bench.VAL: val[0], **aux}}
     for k, r in enumerate(rewards, start=1):
@@ -393,25 +393,25 @@ def _smollm2_record(arm: str, seed: int, rewards: list[float], val: tuple[float,
             steps[str(k)]["critic/vf_explained_var"] = evs[k - 1]
     steps[str(len(rewards))].update({bench.VAL: val[1], **aux})
     return {"arm": arm, "estimator": arm, "seed": seed, "critic_warmup": 0, "steps_planned": bench.STEPS,
-            "command": f"TASK=smollm2 bash examples/cpu/common.sh {arm}", "steps": steps}
+            "command": f"TASK=twoway bash examples/cpu/common.sh {arm}", "steps": steps}
 
 
-def test_smollm2_comparison_plans_the_preregistered_seeds_at_the_launchers_steps():
-    bench = _load("bench_smollm2_comparison")
+def test_twoway_comparison_plans_the_preregistered_seeds_at_the_launchers_steps():
+    bench = _load("bench_twoway_comparison")
     runs = bench.sweep("comparison")[0].runs
     assert [(r.arm, r.seed) for r in runs] == [("group_ppo", 0), ("gae", 0), ("grpo", 0), ("group_ppo", 1),
                                                ("gae", 1), ("grpo", 1), ("group_ppo", 2), ("gae", 2)]
-    from verl_group_ppo.task_specs import SMOLLM2, shell_values
+    from verl_group_ppo.task_specs import TWOWAY, shell_values
 
-    assert shell_values(SMOLLM2)["steps"] == str(bench.STEPS)  # records are checked against the launcher's default
+    assert shell_values(TWOWAY)["steps"] == str(bench.STEPS)  # records are checked against the launcher's default
     assert not bench.accept({"steps_planned": bench.STEPS + 1})
 
 
-def test_smollm2_summary_reads_validation_windows_and_explained_variance_of_varying_batches():
-    bench = _load("bench_smollm2_comparison")
+def test_twoway_summary_reads_validation_windows_and_explained_variance_of_varying_batches():
+    bench = _load("bench_twoway_comparison")
     rewards = [0.1] * 5 + [0.2] * 10 + [0.4] * 5
     evs = [-1.0] * 10 + [0.5] * 10
-    record = _smollm2_record("gae", 0, rewards, val=(0.15, 0.3), evs=evs)
+    record = _twoway_record("gae", 0, rewards, val=(0.15, 0.3), evs=evs)
     record["steps"]["3"]["critic/score/max"] = 0.0  # every reward equal: its explained variance is left out
     record["steps"]["3"]["critic/vf_explained_var"] = 99.0
     s = bench.summary(record)
@@ -419,13 +419,13 @@ def test_smollm2_summary_reads_validation_windows_and_explained_variance_of_vary
     assert s["first"] == pytest.approx(0.1) and s["last"] == pytest.approx(0.4)
     assert s["area"] == pytest.approx(sum(rewards) / 20)
     assert s["ev"] == [(1, 10, -1.0), (11, 20, 0.5)]
-    assert bench.summary(_smollm2_record("grpo", 0, rewards))["ev"] == []  # no critic
+    assert bench.summary(_twoway_record("grpo", 0, rewards))["ev"] == []  # no critic
 
 
-def test_smollm2_report_withholds_the_verdict_until_every_planned_seed_is_in():
-    bench = _load("bench_smollm2_comparison")
-    gae = [_smollm2_record("gae", s, [0.2] * 20, val=(0.1, 0.2)) for s in (0, 1, 2)]
-    ours = [_smollm2_record("group_ppo", s, [0.3 + 0.01 * s] * 20, val=(0.1, 0.3)) for s in (0, 1, 2)]
+def test_twoway_report_withholds_the_verdict_until_every_planned_seed_is_in():
+    bench = _load("bench_twoway_comparison")
+    gae = [_twoway_record("gae", s, [0.2] * 20, val=(0.1, 0.2)) for s in (0, 1, 2)]
+    ours = [_twoway_record("group_ppo", s, [0.3 + 0.01 * s] * 20, val=(0.1, 0.3)) for s in (0, 1, 2)]
     text = bench.report("comparison", gae + ours[:2])
     pairs = {row[0]: row for row in _table(text, "pair")}
     assert "no verdict before 3" in pairs["group_ppo-gae"][1] and "win" not in pairs["group_ppo-gae"][1]
@@ -436,9 +436,9 @@ def test_smollm2_report_withholds_the_verdict_until_every_planned_seed_is_in():
     assert {row[0]: row for row in _table(text, "arm")}["group_ppo"][3] == "0.300"
 
 
-def test_smollm2_report_reproduces_the_committed_arm_table():
-    """docs/results.md's real-model arm table is what --report prints from benchmarks/results/smollm2/comparison/."""
-    bench = _load("bench_smollm2_comparison")
+def test_twoway_report_reproduces_the_committed_arm_table():
+    """docs/results.md's two-way arm table is what --report prints from benchmarks/results/twoway/comparison/."""
+    bench = _load("bench_twoway_comparison")
     text, docs = bench.report("comparison"), (REPO / "docs" / "results.md").read_text()
     rows = _table(text, "arm")
     assert rows  # the committed records are accepted
@@ -446,7 +446,7 @@ def test_smollm2_report_reproduces_the_committed_arm_table():
         assert "| " + " | ".join(row) + " |" in docs, row
 
 
-# ------------------------------------------------------------------------------------------ bench_smollm2_critic
+# ------------------------------------------------------------------------------------------ bench_mathtask_critic
 
 
 def test_the_critic_report_averages_seeds_and_flags_held_out_replies_that_all_scored_alike():
@@ -455,7 +455,7 @@ def test_the_critic_report_averages_seeds_and_flags_held_out_replies_that_all_sc
                 "lrs": {"5e-05": {"explained_variance": {"0": {"all": -1.0, "first": -0.5},
                                                          "5": {"all": ev, "first": ev / 2}}}}}
 
-    bench = _load("bench_smollm2_critic")
+    bench = _load("bench_mathtask_critic")
     table = bench.report([record(0, 0.1, 0.2), record(1, 0.1, 0.4)])
     assert "| 5e-05 | -1.000 / -0.50 | +0.300 / +0.15 |" in table and "mean nothing" not in table
     flagged = bench.report([record(0, 0.1, 0.2), record(1, 0.0, 0.4)])
@@ -467,11 +467,11 @@ def test_the_critic_report_averages_seeds_and_flags_held_out_replies_that_all_sc
                                         (["--value-clip", "0"], "--value-clip")])
 def test_bad_critic_benchmark_arguments_name_the_flag(argv, flag):
     with pytest.raises(SystemExit, match=flag):
-        _load("bench_smollm2_critic").main([*argv, "--report"])
+        _load("bench_mathtask_critic").main([*argv, "--report"])
 
 
 def test_critic_records_with_the_value_clip_are_kept_and_reported_apart():
-    bench = _load("bench_smollm2_critic")
+    bench = _load("bench_mathtask_critic")
     assert bench.record_name("cuda", 2, None) == "cuda-seed2.json"  # the recorded figures' name: no clip
     assert bench.record_name("cuda", 2, 0.5) == "cuda-clip0.5-seed2.json"
 
@@ -489,9 +489,9 @@ def test_critic_records_with_the_value_clip_are_kept_and_reported_apart():
 def test_the_critic_benchmark_runs_on_a_tiny_model(tmp_path, monkeypatch):
     """One seed, one warm-up step, on a tiny converted model and two questions: a record of the expected shape."""
     import pandas as pd
-    from verl_group_ppo_testutils_smollm2 import write_tiny_gguf
+    from verl_group_ppo_testutils_mathtask import write_tiny_gguf
 
-    from verl_group_ppo.smollm2 import checkpoint
+    from verl_group_ppo.mathtask import checkpoint
 
     checkpoint.convert(str(tmp_path / "task" / "model"), gguf_path=write_tiny_gguf(str(tmp_path / "tiny.gguf")),
                        log=lambda m: None, expected=False)
@@ -500,7 +500,7 @@ def test_the_critic_benchmark_runs_on_a_tiny_model(tmp_path, monkeypatch):
     (tmp_path / "task" / "data").mkdir()
     for split in ("train", "test"):
         pd.DataFrame(rows).to_parquet(tmp_path / "task" / "data" / f"{split}.parquet")
-    bench = _load("bench_smollm2_critic")
+    bench = _load("bench_mathtask_critic")
     monkeypatch.setattr(bench, "RESULTS", str(tmp_path / "records"))
     bench.main(["--work-dir", str(tmp_path / "task"), "--warmups", "0,1", "--lrs", "1e-3", "--seeds", "0",
                 "--held-samples", "2", "--response-length", "3", "--device", "cpu", "--value-clip", "0.5"])

@@ -429,7 +429,7 @@ def test_plugin_startup_checks_reject_bad_group_ppo_settings(override, key, stub
 # The CPU launcher (examples/cpu/common.sh): one list of settings that reads the task's spec
 
 CPU_LAUNCHER = REPO / "examples" / "cpu" / "common.sh"
-CPU_TASKS = [("tiny", "0"), ("tiny", "1"), ("smollm2", "0")]
+CPU_TASKS = [("tiny", "0"), ("tiny", "1"), ("twoway", "0")]
 
 
 def cpu_launcher_command(tmp_path: Path, task: str, multi_turn: str, estimator: str, *extra: str) -> list[list[str]]:
@@ -483,7 +483,7 @@ def test_cpu_launcher_sets_no_key_twice_and_takes_the_numbers_from_the_spec(task
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("env,message", [({"TASK": "big"}, "TASK"), ({"TASK": "smollm2", "MULTI_TURN": "1"}, "MULTI_TURN"),
+@pytest.mark.parametrize("env,message", [({"TASK": "big"}, "TASK"), ({"TASK": "twoway", "MULTI_TURN": "1"}, "MULTI_TURN"),
                                          ({"MULTI_TURN": "2"}, "MULTI_TURN"), ({"PREPARE": "yes"}, "PREPARE")])
 def test_cpu_launcher_refuses_a_task_it_does_not_know(env, message, tmp_path):
     stub = tmp_path / "python"
@@ -520,7 +520,7 @@ def cpu_launcher_run(tmp_path: Path, estimator: str, env: dict) -> tuple[list[st
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("task,estimator", [("tiny", "group_ppo"), ("tiny", "gae"), ("smollm2", "group_ppo")])
+@pytest.mark.parametrize("task,estimator", [("tiny", "group_ppo"), ("tiny", "gae"), ("twoway", "group_ppo")])
 def test_cpu_launcher_with_device_cuda_composes_for_gpus(task, estimator, tmp_path):
     """DEVICE=cuda: the same task and settings on verl's CUDA platform: no VERL_PLATFORM (an inherited one is
     unset), trainer.device=cuda, Ray's CPUs and the threads from the machine, sdpa for actor and critic (no

@@ -191,9 +191,10 @@ def test_reachable_follows_imports_transitively():
 
 
 @pytest.mark.parametrize("package,forbidden", [
-    ("verl_group_ppo.cpu", ("verl_group_ppo.demo", "verl_group_ppo.tinytask", "verl_group_ppo.smollm2")),  # verl's only
-    ("verl_group_ppo.tinytask", ("verl_group_ppo.demo", "verl_group_ppo.cpu", "verl_group_ppo.smollm2")),  # alone
-    ("verl_group_ppo.smollm2", ("verl_group_ppo.demo", "verl_group_ppo.tinytask", "verl_group_ppo.integration")),
+    # verl's only
+    ("verl_group_ppo.cpu", ("verl_group_ppo.demo", "verl_group_ppo.tinytask", "verl_group_ppo.mathtask")),
+    ("verl_group_ppo.tinytask", ("verl_group_ppo.demo", "verl_group_ppo.cpu", "verl_group_ppo.mathtask")),  # alone
+    ("verl_group_ppo.mathtask", ("verl_group_ppo.demo", "verl_group_ppo.tinytask", "verl_group_ppo.integration")),
 ])
 def test_package_reaches_none_of_the_forbidden_ones(package, forbidden):
     graph = _import_graph()
@@ -202,10 +203,10 @@ def test_package_reaches_none_of_the_forbidden_ones(package, forbidden):
         assert not bad, f"{name} imports {sorted(bad)}"
 
 
-def test_the_real_model_task_uses_only_the_hf_samplers_module_of_the_cpu_backend():
+def test_the_maths_task_uses_only_the_hf_samplers_module_of_the_cpu_backend():
     # prepare measures the model as the hf rollout samples; nothing else of the backend
     graph = _import_graph()
-    reached = {m for name in graph if _in_package(name, "verl_group_ppo.smollm2") for m in _reachable(graph, name)}
+    reached = {m for name in graph if _in_package(name, "verl_group_ppo.mathtask") for m in _reachable(graph, name)}
     assert {m for m in reached if _in_package(m, "verl_group_ppo.cpu")} == {"verl_group_ppo.cpu.generation"}
 
 

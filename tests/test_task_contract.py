@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from verl_group_ppo import reward, task_specs, taskdir
-from verl_group_ppo.smollm2 import prepare as smollm2_prepare
-from verl_group_ppo.smollm2 import reward as smollm2_reward
+from verl_group_ppo.mathtask import prepare as mathtask_prepare
+from verl_group_ppo.mathtask import reward as mathtask_reward
 from verl_group_ppo.tinytask import prepare as tiny_prepare
 from verl_group_ppo.tinytask import reward as tiny_reward
 from verl_group_ppo.tinytask.tasks import make_task, split_problems
@@ -76,7 +76,7 @@ def test_the_command_line_has_a_flag_per_setting_with_its_help_and_the_threads_r
         taskdir.parse_prepare_args(parser, ["--output-dir", "d", "--threads", "0"])
 
 
-@pytest.mark.parametrize("module", [tiny_prepare, smollm2_prepare])
+@pytest.mark.parametrize("module", [tiny_prepare, mathtask_prepare])
 def test_both_prepares_use_the_contract_and_document_every_setting(module):
     flags = {a.dest: a.help for a in module.build_parser()._actions}
     assert {"output_dir", "force", "threads"} <= set(flags)
@@ -110,24 +110,24 @@ def test_the_contract_and_the_critic_readout_are_defined_once_in_the_package():
 
 
 def test_the_specs_read_what_their_prepare_also_uses():
-    tiny, tools, smollm2 = task_specs.TINY, task_specs.TINY_TOOLS, task_specs.SMOLLM2
+    tiny, tools, twoway = task_specs.TINY, task_specs.TINY_TOOLS, task_specs.TWOWAY
     assert tiny.response_length == tiny_prepare.PrepareSettings().response_length
     tool_settings = tiny_prepare.settings_from_flags({"variant": "tools"})
     assert (tools.response_length, tools.max_assistant_turns) == (tool_settings.response_length,
                                                                   tool_settings.max_assistant_turns)
-    s = smollm2_prepare.PrepareSettings()
-    assert (smollm2.response_length, smollm2.prompt_length) == (s.response_length, s.max_prompt_length)
-    assert smollm2.accuracy_band == (s.min_sampled_accuracy, s.max_sampled_accuracy)
-    assert [task_specs.spec_for(t, m) for t, m in (("tiny", 0), ("tiny", "1"), ("smollm2", "0"))] == [
-        tiny, tools, smollm2]
-    for bad, name in [(("big", 0), "TASK"), (("smollm2", 1), "MULTI_TURN"), (("tiny", 2), "MULTI_TURN")]:
+    s = mathtask_prepare.PrepareSettings()
+    assert (twoway.response_length, twoway.prompt_length) == (s.response_length, s.max_prompt_length)
+    assert twoway.accuracy_band == (s.min_sampled_accuracy, s.max_sampled_accuracy)
+    assert [task_specs.spec_for(t, m) for t, m in (("tiny", 0), ("tiny", "1"), ("twoway", "0"))] == [
+        tiny, tools, twoway]
+    for bad, name in [(("big", 0), "TASK"), (("twoway", 1), "MULTI_TURN"), (("tiny", 2), "MULTI_TURN")]:
         with pytest.raises(ValueError, match=name):
             task_specs.spec_for(*bad)
 
 
 def test_a_spec_refuses_mini_batches_that_do_not_divide_the_batch():
     with pytest.raises(ValueError, match="critic_mini_batches"):
-        replace(task_specs.SMOLLM2, critic_mini_batches=3)
+        replace(task_specs.TWOWAY, critic_mini_batches=3)
     with pytest.raises(ValueError, match="max_assistant_turns"):
         replace(task_specs.TINY, multi_turn=True)
 
@@ -147,10 +147,10 @@ def test_the_one_reward_function_scores_every_tasks_rows_as_its_own_scorer_does(
     row = tiny_prepare.verl_row(problem, task, "test", 0)
     args = (problem.solution, problem.answer, row["extra_info"])
     assert reward.compute_score(row["data_source"], *args) == tiny_reward.compute_score(row["data_source"], *args) == 1.0
-    for source in task_specs.SMOLLM2.data_sources:
-        assert reward.compute_score(source, "It is 7.", "7") == smollm2_reward.compute_score(source, "It is 7.", "7")
+    for source in task_specs.TWOWAY.data_sources:
+        assert reward.compute_score(source, "It is 7.", "7") == mathtask_reward.compute_score(source, "It is 7.", "7")
     for spec in task_specs.SPECS:
         for source in spec.data_sources:
-            assert source in tiny_reward.DATA_SOURCES | smollm2_reward.DATA_SOURCES
+            assert source in tiny_reward.DATA_SOURCES | mathtask_reward.DATA_SOURCES
     with pytest.raises(ValueError, match="data_source"):
         reward.compute_score("openai/gsm8k", "7", "7")

@@ -1,8 +1,8 @@
 """The critic's readout on scored replies: the batch layout, the critic's values, one warm-up update through verl's
 value loss, and the explained variance on held-out replies.
 
-The demo's value pretraining (:mod:`verl_group_ppo.demo.pretrain`) and the real-model task's critic benchmark
-(:mod:`verl_group_ppo.smollm2.critic`) both measure and train a critic with these functions.
+The demo's value pretraining (:mod:`verl_group_ppo.demo.pretrain`) and the maths-question task's critic benchmark
+(:mod:`verl_group_ppo.mathtask.critic`) both measure and train a critic with these functions.
 
 Layout (verl's): ``input_ids`` and ``attention_mask`` are (N, P + R), each prompt left-padded to the common width P
 and each reply right-padded to the common width R; ``response_mask`` is (N, R), 1 on reply tokens. The critic's
@@ -139,7 +139,7 @@ def lay_out(prompts: Sequence[Sequence[int]], replies: Sequence[Sequence[int]], 
 def critic_values(critic: Any, batch: LaidOut) -> torch.Tensor:
     """(N, R) float32 values on the critic's device: ``values[:, t]`` is the critic's output at the position before
     reply token t. ``critic`` is a Hugging Face token-classification model with one label (verl's critic: the tiny
-    task's and the real-model task's alike)."""
+    task's and the maths-question task's alike)."""
     device = next(critic.parameters()).device
     mask = batch.attention_mask.to(device)
     out = critic(input_ids=batch.input_ids.to(device), attention_mask=mask, position_ids=position_ids(mask),

@@ -1,5 +1,5 @@
 """The CPU launcher's tasks, one :class:`~verl_group_ppo.taskdir.TaskSpec` each: :data:`TINY`, :data:`TINY_TOOLS`,
-:data:`SMOLLM2`.
+:data:`TWOWAY`.
 
     python -m verl_group_ppo.task_specs shell TASK MULTI_TURN
 
@@ -18,8 +18,8 @@ import shlex
 import sys
 from typing import Sequence
 
-from .smollm2 import prepare as smollm2_prepare
-from .smollm2.task import DATA_SOURCE as SMOLLM2_DATA_SOURCE
+from .mathtask import prepare as mathtask_prepare
+from .mathtask.task import DATA_SOURCE as TWOWAY_DATA_SOURCE
 from .taskdir import TaskSpec
 from .tinytask import prepare as tiny_prepare
 from .tinytask.reward import TOOLS_SUFFIX, data_source_for
@@ -31,7 +31,7 @@ TOOL_MODULE = "verl_group_ppo.tinytask.calculator_tool"
 
 _TINY = tiny_prepare.PrepareSettings()
 _TOOLS = tiny_prepare.settings_from_flags({"variant": tiny_prepare.TOOLS.name})
-_SMOLLM2 = smollm2_prepare.PrepareSettings()
+_TWOWAY = mathtask_prepare.PrepareSettings()
 
 #: the tiny task (docs/cpu.md): 32 prompts x 4 responses a step, one actor and two critic updates, 40 steps; on the
 #: model prepare builds, verl's reward rose by +0.05 to +0.11 from the first to the last 10 of 40 steps
@@ -48,19 +48,20 @@ TINY_TOOLS = dataclasses.replace(
     prepare_args=("--tools",), work_dir="runs/cpu-tiny-tools", response_length=_TOOLS.response_length,
     accuracy_band=(_TOOLS.min_sampled_accuracy, 1.0), max_assistant_turns=_TOOLS.max_assistant_turns)
 
-#: the real-model task (docs/smollm2.md), chosen by benchmarks/bench_smollm2_speed.py: 2 threads in one process,
-#: 16 prompts x 4 responses a step in two actor and two critic updates; 20 steps, validated before training and
-#: after the last step, take about 35 minutes on 2 cores
-_SMOLLM2_STEPS = 20
-SMOLLM2 = TaskSpec(
-    name="smollm2", task="smollm2", multi_turn=False, data_sources=(SMOLLM2_DATA_SOURCE,),
-    prepare_module="verl_group_ppo.smollm2.prepare", prepare_args=(), work_dir="runs/cpu-smollm2",
-    prompt_length=_SMOLLM2.max_prompt_length, response_length=_SMOLLM2.response_length, train_batch=16, rollout_n=4,
-    steps=_SMOLLM2_STEPS, actor_lr=1e-5, critic_lr=5e-5, actor_mini_batches=2, critic_mini_batches=2,
-    val_before_train=True, test_freq=_SMOLLM2_STEPS, threads=2, project="verl_group_ppo_cpu_smollm2",
-    accuracy_band=(_SMOLLM2.min_sampled_accuracy, _SMOLLM2.max_sampled_accuracy))
+#: the maths-question task's two-way variant (docs/mathtask.md): SmolLM2-135M-Instruct (the default model) on
+#: True/False and which-is-bigger questions. Its shape was chosen by benchmarks/bench_mathtask_speed.py: 2 threads in
+#: one process, 16 prompts x 4 responses a step in two actor and two critic updates; 20 steps, validated before
+#: training and after the last step, take about 35 minutes on 2 cores
+_TWOWAY_STEPS = 20
+TWOWAY = TaskSpec(
+    name="twoway", task="twoway", multi_turn=False, data_sources=(TWOWAY_DATA_SOURCE,),
+    prepare_module="verl_group_ppo.mathtask.prepare", prepare_args=(), work_dir="runs/cpu-twoway",
+    prompt_length=_TWOWAY.max_prompt_length, response_length=_TWOWAY.response_length, train_batch=16, rollout_n=4,
+    steps=_TWOWAY_STEPS, actor_lr=1e-5, critic_lr=5e-5, actor_mini_batches=2, critic_mini_batches=2,
+    val_before_train=True, test_freq=_TWOWAY_STEPS, threads=2, project="verl_group_ppo_cpu_twoway",
+    accuracy_band=(_TWOWAY.min_sampled_accuracy, _TWOWAY.max_sampled_accuracy))
 
-SPECS: tuple[TaskSpec, ...] = (TINY, TINY_TOOLS, SMOLLM2)
+SPECS: tuple[TaskSpec, ...] = (TINY, TINY_TOOLS, TWOWAY)
 
 
 def spec_for(task: str, multi_turn: str | int | bool = False) -> TaskSpec:

@@ -1,6 +1,6 @@
 """The task contract: what a task is (:class:`TaskSpec`) and what its prepared directory holds.
 
-Every task of the package (the tiny task, its tool variant, the real-model task) is prepared into one directory of
+Every task of the package (the tiny task, its tool variant, the maths-question task) is prepared into one directory of
 the same shape::
 
     WORK_DIR/model/                     the Hugging Face checkpoint actor and critic start from

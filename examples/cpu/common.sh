@@ -14,9 +14,9 @@
 #                                          hf rollout; the backend sets what vLLM needs on a CPU, docs/cpu.md)
 #
 # Environment:
-#   TASK      tiny (default): the tiny task (a 0.56M-parameter model built by tinytask.prepare); smollm2: the
-#             real-model task, SmolLM2-135M-Instruct (4-bit GGUF weights converted once) on DeepMind's
-#             mathematics questions (docs/smollm2.md)
+#   TASK      tiny (default): the tiny task (a 0.56M-parameter model built by tinytask.prepare); twoway: the
+#             maths-question task on DeepMind's two-way questions (True/False, which is bigger), answered by a
+#             pretrained LM, by default SmolLM2-135M-Instruct (4-bit GGUF weights converted once; docs/mathtask.md)
 #   MULTI_TURN  1: the tiny tool task through verl's tool agent loop (multi_turn.enable, the `tool_agent`
 #             loop, the `add` function tool and the `tinycalc` call format; responses of up to 96 tokens,
 #             tool replies masked); default 0: the single-turn task
@@ -24,8 +24,8 @@
 #   mini-batches, validation, threads, WORK_DIR) are its spec's: `python -m verl_group_ppo.task_specs shell TASK
 #   MULTI_TURN` prints them as the variables this script reads in its one list of settings.
 #   WORK_DIR  the task's directory (default: the spec's, under the repository root: runs/cpu-tiny,
-#             runs/cpu-tiny-tools with MULTI_TURN=1, runs/cpu-smollm2). Every run first calls the task's
-#             prepare (`python -m verl_group_ppo.tinytask.prepare [--tools]` or `verl_group_ppo.smollm2.prepare`
+#             runs/cpu-tiny-tools with MULTI_TURN=1, runs/cpu-twoway). Every run first calls the task's
+#             prepare (`python -m verl_group_ppo.tinytask.prepare [--tools]` or `verl_group_ppo.mathtask.prepare`
 #             --output-dir WORK_DIR), which builds WORK_DIR/model and WORK_DIR/data/{train,test}.parquet and
 #             its key file WORK_DIR/data/prepare.json (minutes), and does nothing (seconds) when the key file
 #             holds the same settings. With MULTI_TURN=1 and actor_rollout_ref.rollout.name=vllm the default is
@@ -48,7 +48,7 @@
 #             generates on the GPU and the critic loads with sdpa, so neither vLLM nor flash-attn is needed
 #   N_RANKS   trainer ranks (CPU processes or GPUs, one per "GPU" verl sees; default 1): sets trainer.n_gpus_per_node
 #             and ++ray_kwargs.ray_init.num_gpus; must divide the task's smallest mini-batch in responses (64
-#             for the tiny task, 32 for smollm2), and the per-rank micro-batch becomes min(32, that / N_RANKS)
+#             for the tiny task, 32 for twoway), and the per-rank micro-batch becomes min(32, that / N_RANKS)
 #             responses so every mini-batch divides
 #
 # Settings the launcher leaves out when an extra override sets them, by key (a leading +, ++ or ~ is
@@ -202,12 +202,12 @@ export WANDB_MODE=${WANDB_MODE:-disabled} HYDRA_FULL_ERROR=1 RAY_DEDUP_LOGS=0
 
 # Per step: train_batch prompts x rollout_n responses, the actor updated in mini-batches of actor_mini_batch prompts
 # and the critic in mini-batches of critic_mini_batch prompts (tiny: 32 x 4 = 128 responses, one actor update and
-# two critic updates of 16 prompts; smollm2: 16 x 4 = 64 responses, two actor and two critic updates of 8 prompts).
+# two critic updates of 16 prompts; twoway: 16 x 4 = 64 responses, two actor and two critic updates of 8 prompts).
 # Micro-batches (responses per rank) must divide every mini-batch: min(32, rank_unit / N_RANKS) does.
 # The tiny task's 40 steps: on the model `prepare` builds (the demo's small model), the demo's RL loop with this shape
 # raised the reward by +0.07 to +0.20 (first to last 10 of 40 steps; 3 warm-start seeds x 4 RL seeds), and verl by
 # +0.052 to +0.114 (three runs of these settings; run-to-run spread from how the rollout's batches form); docs/cpu.md.
-# The real model's shape was chosen by benchmarks/bench_smollm2_speed.py (docs/smollm2.md, "Speed").
+# The twoway task's shape was chosen by benchmarks/bench_mathtask_speed.py (docs/mathtask.md, "Speed").
 micro_batch=$((rank_unit / N_RANKS < 32 ? rank_unit / N_RANKS : 32))
 # verl's replay buffer polled every 0.2 s instead of 2 s (verl_group_ppo/cpu/sampler.py). verl hands a custom
 # sampler no DAPO / failed-group refill settings, so it is left out when the run asks for those.

@@ -1,5 +1,6 @@
-"""The real-model task (``verl_group_ppo.smollm2``): the sympy shim, the answer parser on real generated questions,
-the split, the reward function, the GGUF conversion (on a tiny GGUF of the same layout) and ``prepare``."""
+"""The maths-question task (``verl_group_ppo.mathtask``): the sympy shim, the answer parser on real generated
+questions, the split, the reward function, the GGUF conversion (on a tiny GGUF of the same layout), the model
+setting and ``prepare``."""
 
 from __future__ import annotations
 
@@ -10,11 +11,11 @@ from fractions import Fraction
 import pytest
 
 from verl_group_ppo import taskdir
-from verl_group_ppo.smollm2 import answers, checkpoint, questions, sympy_shim
-from verl_group_ppo.smollm2 import prepare as prep
-from verl_group_ppo.reward import compute_score  # the one reward function, which hands these rows to smollm2.reward
-from verl_group_ppo.smollm2.task import DATA_SOURCE, PROMPTS, MathTask
-from verl_group_ppo_testutils_smollm2 import SPECIAL_TOKENS, write_tiny_gguf
+from verl_group_ppo.mathtask import answers, checkpoint, questions, sympy_shim
+from verl_group_ppo.mathtask import prepare as prep
+from verl_group_ppo.reward import compute_score  # the one reward function, which hands these rows to mathtask.reward
+from verl_group_ppo.mathtask.task import DATA_SOURCE, PROMPTS, MathTask
+from verl_group_ppo_testutils_mathtask import SPECIAL_TOKENS, write_tiny_gguf
 
 # ----------------------------------------------------------------------------------------------------------------------
 # the sympy shim

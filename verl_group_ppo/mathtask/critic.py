@@ -1,5 +1,5 @@
-"""The real-model task's critic on held-out replies: how well verl's critic predicts the reward after critic-only
-warm-up, measured outside the trainer.
+"""The maths-question task's critic on held-out replies: how well verl's critic predicts the reward after
+critic-only warm-up, measured outside the trainer.
 
 The critic is what verl's FSDP critic loads: ``AutoModelForTokenClassification`` with one label from the task's
 checkpoint (the pretrained LM with a new value head). The layout, the values, the update and the explained variance

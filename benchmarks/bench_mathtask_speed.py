@@ -1,17 +1,17 @@
-"""Step time of the real-model launcher against each of its levers, measured in one run on one machine.
+"""Step time of the two-way maths task's launcher against each of its levers, measured in one run on one machine.
 
-    python benchmarks/bench_smollm2_speed.py [--work-dir runs/cpu-smollm2] [--configs base,threads2,...] [--steps 3]
-    python benchmarks/bench_smollm2_speed.py --report
+    python benchmarks/bench_mathtask_speed.py [--work-dir runs/cpu-twoway] [--configs base,threads2,...] [--steps 3]
+    python benchmarks/bench_mathtask_speed.py --report
 
-Every configuration runs ``examples/cpu/run_smollm2_group_ppo.sh`` (verl's ``main_ppo`` on the CPU backend) for
+Every configuration runs ``examples/cpu/run_twoway_group_ppo.sh`` (verl's ``main_ppo`` on the CPU backend) for
 ``--steps`` steps on a prepared ``--work-dir``, with no validation before training and verl's validation of the test
 split after the last step. A configuration is the baseline (:data:`BASE`, the launcher's settings: the task's spec
-``verl_group_ppo.task_specs.SMOLLM2``) with one lever changed (:data:`CONFIGS`); a record measured with other levers
+``verl_group_ppo.task_specs.TWOWAY``) with one lever changed (:data:`CONFIGS`); a record measured with other levers
 is not reported, and runs again:
 threads per process, remove-padding, the rollout (the backend's ``hf`` or verl's vLLM, fp32 or bf16), trainer
 ranks, prompts per step, response length. ``base`` runs first and again last (``base_again``): the two bound the
 machine's drift over the sweep. Each finished configuration is kept as one JSON record under
-benchmarks/results/smollm2_speed/ (resumable); the report gives, per configuration, verl's ``timing_s/*`` means over
+benchmarks/results/mathtask_speed/ (resumable); the report gives, per configuration, verl's ``timing_s/*`` means over
 the steps after the first, seconds per response, the validation's seconds per test prompt, the start-up, and the
 step time as a ratio to ``base``.
 """
@@ -24,27 +24,27 @@ from dataclasses import asdict, dataclass, replace
 from statistics import mean
 
 from benchlib import REPO, LauncherError, portable, read_json, run_launcher, write_json
-from verl_group_ppo.task_specs import SMOLLM2
+from verl_group_ppo.task_specs import TWOWAY
 from verl_group_ppo.logs import timing_breakdown
 
-RESULTS = REPO / "benchmarks" / "results" / "smollm2_speed"
+RESULTS = REPO / "benchmarks" / "results" / "mathtask_speed"
 PHASES = ("gen", "values", "adv", "update_critic", "update_actor", "step", "testing")
 
 
 @dataclass(frozen=True)
 class Levers:
     """What a configuration sets; every field is passed explicitly. The defaults are the launcher's (the task's spec,
-    :data:`verl_group_ppo.task_specs.SMOLLM2`)."""
+    :data:`verl_group_ppo.task_specs.TWOWAY`)."""
 
-    threads: int = SMOLLM2.threads  # OMP_NUM_THREADS of every process (driver, trainer workers, rollout server)
+    threads: int = TWOWAY.threads  # OMP_NUM_THREADS of every process (driver, trainer workers, rollout server)
     remove_padding: bool = False  # actor and critic forward passes without padding tokens
     rollout: str = "hf"  # hf (the backend's) or vllm (verl's, on vLLM's CPU build)
     rollout_dtype: str = "float32"  # the rollout's dtype (vllm: float32 or bfloat16; hf computes in fp32)
     ranks: int = 1  # trainer ranks (N_RANKS)
-    prompts: int = SMOLLM2.train_batch  # prompts per step (x 4 responses)
-    mini_batches: int = SMOLLM2.actor_mini_batches  # actor and critic updates per step
-    response_length: int = SMOLLM2.response_length  # data.max_response_length
-    prompt_length: int = SMOLLM2.prompt_length  # data.max_prompt_length: verl pads every prompt to it
+    prompts: int = TWOWAY.train_batch  # prompts per step (x 4 responses)
+    mini_batches: int = TWOWAY.actor_mini_batches  # actor and critic updates per step
+    response_length: int = TWOWAY.response_length  # data.max_response_length
+    prompt_length: int = TWOWAY.prompt_length  # data.max_prompt_length: verl pads every prompt to it
 
     def env(self) -> dict[str, str]:
         return {"OMP_NUM_THREADS": str(self.threads), "MKL_NUM_THREADS": str(self.threads), "N_RANKS": str(self.ranks)}
@@ -83,13 +83,13 @@ CONFIGS: dict[str, Levers] = {
 def run_config(name: str, levers: Levers, steps: int, work_dir: str) -> dict:
     """One configuration's record: its levers, the command, wall seconds and each step's ``timing_s/*`` and
     response length."""
-    log = REPO / "runs" / "bench-smollm2-speed" / f"{name}.log"
+    log = REPO / "runs" / "bench-mathtask-speed" / f"{name}.log"
     overrides = [*levers.overrides(), "trainer.val_before_train=False", f"trainer.test_freq={steps}",
                  f"trainer.experiment_name=speed_{name}"]
     record = {"config": name, "levers": asdict(levers)}
     try:
         run = run_launcher("group_ppo", steps, overrides, log_path=log, checkpoint_dir=str(log.parent / "checkpoints"),
-                           env={"TASK": "smollm2", "WORK_DIR": work_dir, **levers.env()})
+                           env={"TASK": "twoway", "WORK_DIR": work_dir, **levers.env()})
     except LauncherError as error:  # kept as a failed configuration: the sweep goes on
         return {**record, "failed": str(error).splitlines()[0], "log": portable(str(log))}
     keep = ("timing_s/", "response_length/mean", "critic/score/mean")
@@ -135,7 +135,7 @@ def report(n_test: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--work-dir", default=str(REPO / "runs" / "cpu-smollm2"), help="a prepared real-model task")
+    parser.add_argument("--work-dir", default=str(REPO / "runs" / "cpu-twoway"), help="a prepared two-way maths task")
     parser.add_argument("--configs", default=",".join(CONFIGS), help=f"comma list of {', '.join(CONFIGS)}")
     parser.add_argument("--steps", type=int, default=3, help="steps per configuration (the first is not averaged)")
     parser.add_argument("--report", action="store_true", help="only print the table from the kept records")
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     info = read_json(os.path.join(work_dir, "data", "prepare.json"))
     if info is None:
         raise SystemExit(f"--work-dir: {args.work_dir} holds no prepared task "
-                         "(python -m verl_group_ppo.smollm2.prepare)")
+                         "(python -m verl_group_ppo.mathtask.prepare)")
     if not args.report:
         for name in names:
             if (read_json(RESULTS / f"{name}.json") or {}).get("levers") != asdict(CONFIGS[name]):

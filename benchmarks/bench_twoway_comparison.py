@@ -1,15 +1,16 @@
-"""GROUP-PPO against PPO (verl's GAE) and GRPO on the real-model task, and the critic's explained variance.
+"""GROUP-PPO against PPO (verl's GAE) and GRPO on the two-way maths task, and the critic's explained variance.
 
-    python benchmarks/bench_smollm2_comparison.py            # run what is missing (resumable), then report
-    python benchmarks/bench_smollm2_comparison.py --report   # the tables from the kept records
-    python benchmarks/bench_smollm2_comparison.py --sweep critic_warmup
+    python benchmarks/bench_twoway_comparison.py            # run what is missing (resumable), then report
+    python benchmarks/bench_twoway_comparison.py --report   # the tables from the kept records
+    python benchmarks/bench_twoway_comparison.py --sweep critic_warmup
 
-``--sweep comparison`` (the default) is the pre-registered comparison of docs/results.md ("The real model"): every
-arm runs ``examples/cpu/run_smollm2_<arm>.sh`` at the launcher's settings, seed by seed (``data.seed`` and the
-rollout's sampling seed). ``--sweep critic_warmup`` runs group_ppo with verl's ``trainer.critic_warmup`` at each
-setting of :data:`WARMUPS` (critic-only steps first, then the launcher's training steps). Each finished run is kept
-as one JSON record (its command, verl's validation before and after, the per-step metrics the report reads) under
-benchmarks/results/smollm2/<sweep>/; an interrupted sweep resumes at the first missing run.
+``--sweep comparison`` (the default) is the pre-registered comparison of docs/results.md ("Format learning on
+two-way questions"): every arm runs ``examples/cpu/run_twoway_<arm>.sh`` at the launcher's settings, seed by seed
+(``data.seed`` and the rollout's sampling seed). ``--sweep critic_warmup`` runs group_ppo with verl's
+``trainer.critic_warmup`` at each setting of :data:`WARMUPS` (critic-only steps first, then the launcher's training
+steps). Each finished run is kept as one JSON record (its command, verl's validation before and after, the per-step
+metrics the report reads) under benchmarks/results/twoway/<sweep>/; an interrupted sweep resumes at the first
+missing run.
 """
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ import os
 from statistics import mean, median
 
 from benchlib import REPO, Run, Sweep, cell, differences, plan, run_launcher, run_pending
-from verl_group_ppo.task_specs import SMOLLM2
+from verl_group_ppo.task_specs import TWOWAY
 
-RESULTS = os.path.join("benchmarks", "results", "smollm2")
-STEPS = SMOLLM2.steps  # the launcher's default, which the records are checked against
+RESULTS = os.path.join("benchmarks", "results", "twoway")
+STEPS = TWOWAY.steps  # the launcher's default, which the records are checked against
 SEEDS = {"group_ppo": (0, 1, 2), "gae": (0, 1, 2), "grpo": (0, 1)}
 PAIRS = (("group_ppo", "gae"), ("group_ppo", "grpo"), ("gae", "grpo"))
 WARMUPS = (0, 5, 10)
@@ -47,11 +48,11 @@ def run_one(run: Run, sweep_name: str, work_dir: str) -> dict:
     estimator, warmup = (run.arm, 0) if sweep_name == "comparison" else ("group_ppo", int(run.arm[len("warmup"):]))
     overrides = [f"data.seed={run.seed}", f"actor_rollout_ref.rollout.seed={run.seed}",
                  f"trainer.critic_warmup={warmup}", f"trainer.test_freq={STEPS + warmup}",
-                 f"trainer.experiment_name=smollm2_{sweep_name}_{run.arm}_seed{run.seed}"]
+                 f"trainer.experiment_name=twoway_{sweep_name}_{run.arm}_seed{run.seed}"]
     label = f"{run.arm}-seed{run.seed}"
-    result = run_launcher(estimator, STEPS + warmup, overrides, env={"TASK": "smollm2", "WORK_DIR": work_dir},
-                          log_path=os.path.join(REPO, "runs", "smollm2", sweep_name, f"{label}.log"),
-                          checkpoint_dir=os.path.join(REPO, "runs", "smollm2", sweep_name, "checkpoints", label))
+    result = run_launcher(estimator, STEPS + warmup, overrides, env={"TASK": "twoway", "WORK_DIR": work_dir},
+                          log_path=os.path.join(REPO, "runs", "twoway", sweep_name, f"{label}.log"),
+                          checkpoint_dir=os.path.join(REPO, "runs", "twoway", sweep_name, "checkpoints", label))
     steps = {str(s): {k: v for k, v in m.items() if k.startswith(KEEP)} for s, m in result.steps.items()}
     return {"arm": run.arm, "estimator": estimator, "seed": run.seed, "critic_warmup": warmup, "steps_planned": STEPS,
             "command": result.command, "seconds": round(result.seconds, 1), "steps": steps}
@@ -124,14 +125,14 @@ def report(sweep_name: str, records: list[dict] | None = None) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sweep", choices=("comparison", "critic_warmup"), default="comparison")
-    parser.add_argument("--work-dir", default=os.path.join(REPO, "runs", "cpu-smollm2"),
+    parser.add_argument("--work-dir", default=os.path.join(REPO, "runs", "cpu-twoway"),
                         help="the task's directory (the launcher prepares it when needed)")
     parser.add_argument("--report", action="store_true", help="only print the tables from the kept records")
     args = parser.parse_args(argv)
     if not args.report:
         the_sweep, _ = sweep(args.sweep)
         run_pending(the_sweep, lambda run: run_one(run, args.sweep, os.path.abspath(args.work_dir)), accept,
-                    tag=f"smollm2 {args.sweep}")
+                    tag=f"twoway {args.sweep}")
     print(report(args.sweep))
     return 0
 

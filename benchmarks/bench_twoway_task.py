@@ -1,12 +1,12 @@
-"""Choose the real-model task by the rule in docs/smollm2.md ("How the task was chosen"), from measurements.
+"""Choose the two-way maths task by the rule in docs/mathtask.md ("How the task was chosen"), from measurements.
 
-    python benchmarks/bench_smollm2_task.py [--work-dir runs/cpu-smollm2]   # measure what is missing, then report
-    python benchmarks/bench_smollm2_task.py --report                        # the tables from the kept records
+    python benchmarks/bench_twoway_task.py [--work-dir runs/cpu-twoway]   # measure what is missing, then report
+    python benchmarks/bench_twoway_task.py --report                        # the tables from the kept records
 
 Measures SmolLM2-135M-Instruct (the 4-bit GGUF converted once into WORK_DIR/model) on 40 ``train-easy`` questions of
 every candidate module with every candidate prompt: greedy, and 2 samples per question at temperature 1, at most 24
 new tokens. Then, for the prompt and modules the rule picks, the mixture's sampled accuracy at 16, 24 and 32 tokens.
-Each measurement is kept as one JSON record under benchmarks/results/smollm2_task/, so the script resumes where it
+Each measurement is kept as one JSON record under benchmarks/results/twoway_task/, so the script resumes where it
 stopped and ``--report`` reproduces the tables without the model.
 """
 
@@ -19,11 +19,11 @@ import time
 from statistics import mean
 
 from benchlib import REPO, read_json, write_json
-from verl_group_ppo.task_specs import SMOLLM2
+from verl_group_ppo.task_specs import TWOWAY
 
-RESULTS = os.path.join("benchmarks", "results", "smollm2_task")
+RESULTS = os.path.join("benchmarks", "results", "twoway_task")
 QUESTIONS, SAMPLES, MAX_TOKENS, LENGTHS, SEED = 40, 2, 24, (16, 24, 32), 0
-BAND, WIDE_BAND = SMOLLM2.accuracy_band, (0.05, 0.70)  # the task's band (prepare refuses outside it); the fallback
+BAND, WIDE_BAND = TWOWAY.accuracy_band, (0.05, 0.70)  # the task's band (prepare refuses outside it); the fallback
 
 
 def record_path(name: str) -> str:
@@ -61,8 +61,8 @@ def shortest_length(by_length: dict[int, float]) -> int:
 def measure_all(args) -> None:
     import torch
 
-    from verl_group_ppo.smollm2 import checkpoint, evaluation, questions
-    from verl_group_ppo.smollm2.task import PROMPTS, MathTask
+    from verl_group_ppo.mathtask import checkpoint, evaluation, questions
+    from verl_group_ppo.mathtask.task import PROMPTS, MathTask
 
     torch.set_num_threads(args.threads)
     model_dir = os.path.join(args.work_dir, "model")
@@ -146,7 +146,7 @@ def report() -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--work-dir", default=os.path.join(REPO, "runs", "cpu-smollm2"),
+    p.add_argument("--work-dir", default=os.path.join(REPO, "runs", "cpu-twoway"),
                    help="where the converted model is kept (WORK_DIR/model)")
     p.add_argument("--threads", type=int, default=2, help="torch threads")
     p.add_argument("--report", action="store_true", help="only print the tables from the kept records")

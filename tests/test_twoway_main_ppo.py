@@ -1,8 +1,9 @@
-"""verl's ``main_ppo`` with the real model: ``examples/cpu/run_smollm2_group_ppo.sh`` for 2 steps.
+"""verl's ``main_ppo`` on the two-way maths task with its default model (SmolLM2-135M-Instruct):
+``examples/cpu/run_twoway_group_ppo.sh`` for 2 steps.
 
 Marked ``real_model`` (and ``slow``): left out of ``pytest`` and of ``pytest -m "not slow"``, because its minutes
-would take the suite past 15; run it with ``pytest -m real_model`` (docs/smollm2.md). It builds the task in
-``SMOLLM2_WORK_DIR`` (default ``runs/cpu-smollm2``, kept between runs: the conversion and data are made once).
+would take the suite past 15; run it with ``pytest -m real_model`` (docs/mathtask.md). It builds the task in
+``TWOWAY_WORK_DIR`` (default ``runs/cpu-twoway``, kept between runs: the conversion and data are made once).
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ VAL = "val-core/verl_group_ppo/smollm2_math/reward/mean@1"
 @pytest.mark.slow
 @pytest.mark.real_model
 def test_group_ppo_validates_the_pretrained_model_then_trains_actor_and_critic_two_steps(tmp_path):
-    work_dir = os.environ.get("SMOLLM2_WORK_DIR", str(REPO / "runs" / "cpu-smollm2"))
+    work_dir = os.environ.get("TWOWAY_WORK_DIR", str(REPO / "runs" / "cpu-twoway"))
     env = {**os.environ, "WORK_DIR": work_dir, "PYTHON": sys.executable}
-    proc = subprocess.run(["bash", str(REPO / "examples/cpu/run_smollm2_group_ppo.sh"), "trainer.total_training_steps=2",
+    proc = subprocess.run(["bash", str(REPO / "examples/cpu/run_twoway_group_ppo.sh"), "trainer.total_training_steps=2",
                            f"trainer.default_local_dir={tmp_path / 'checkpoints'}"],
                           env=env, capture_output=True, text=True, timeout=3600)
     output = proc.stdout + proc.stderr

@@ -1,16 +1,16 @@
-"""The real-model task's held-out critic measurement (verl_group_ppo.smollm2.critic): sampled and scored replies,
-and the warm-up step on a tiny converted model (the layout, the values and the explained variance are
+"""The maths-question task's held-out critic measurement (verl_group_ppo.mathtask.critic): sampled and scored
+replies, and the warm-up step on a tiny converted model (the layout, the values and the explained variance are
 tests/test_critic_readout.py's)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from verl_group_ppo_testutils_smollm2 import write_tiny_gguf
+from verl_group_ppo_testutils_mathtask import write_tiny_gguf
 
 from verl_group_ppo.critic_readout import ScoredReplies, WarmupSettings, critic_values, heldout_explained_variance
-from verl_group_ppo.smollm2 import checkpoint
-from verl_group_ppo.smollm2.critic import sample_replies, warmup_step
+from verl_group_ppo.mathtask import checkpoint
+from verl_group_ppo.mathtask.critic import sample_replies, warmup_step
 
 
 @pytest.fixture(scope="module")

@@ -1,10 +1,11 @@
-"""The real-model task: which questions, how they are asked, and the rows verl trains on.
+"""The maths-question task (DeepMind's questions for a pretrained LM): which questions, how they are asked, and the
+rows verl trains on.
 
 :class:`MathTask` holds everything a variant of the task is: the modules and difficulty of the questions, the prompt
 that asks them, the reply length, and from these the verl rows (``data_source``, ``prompt`` as chat messages,
 ``reward_model.ground_truth``, ``extra_info``). verl scores the rows with
-:func:`verl_group_ppo.smollm2.reward.compute_score`.
-:data:`PROMPTS` are the ways of asking that the task's choice measured (docs/smollm2.md, "How the task was chosen").
+:func:`verl_group_ppo.mathtask.reward.compute_score`.
+:data:`PROMPTS` are the ways of asking that the task's choice measured (docs/mathtask.md, "How the task was chosen").
 """
 
 from __future__ import annotations
