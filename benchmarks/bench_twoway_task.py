@@ -78,11 +78,12 @@ def measure_all(args) -> None:
             return record
         t0 = time.time()
         record = {"prompt": task.prompt, "modules": list(task.modules), "questions": len(qs), "max_tokens": max_tokens,
-                  "prompt_tokens": len(evaluation.prompt_ids(tokenizer, task.messages(qs[0].question))),
+                  "prompt_tokens": len(evaluation.prompt_ids(tokenizer, task.messages(qs[0]))),
                   "sampled": evaluation.measure(model, tokenizer, qs, task.messages, max_tokens, greedy=False,
-                                                samples=SAMPLES, seed=SEED).as_dict()}
+                                                score=task.score, samples=SAMPLES, seed=SEED).as_dict()}
         if greedy_too:
-            greedy = evaluation.measure(model, tokenizer, qs, task.messages, max_tokens, greedy=True)
+            greedy = evaluation.measure(model, tokenizer, qs, task.messages, max_tokens, greedy=True,
+                                        score=task.score)
             record["greedy"] = greedy.as_dict()
         record["seconds"] = round(time.time() - t0, 1)
         save(name, record)

@@ -105,7 +105,7 @@ def test_score_final_number_right_wrong_and_missing():
 
 def test_score_final_number_on_generated_questions():
     for module in bench().MODULES:
-        q = questions.draw([module], "train-easy", 1, 0)[0]
+        q = bench().draw(module, 1)[0]
         wrong = str(Fraction(q.answer) + 1)
         assert score_final_number(f"Working... so {q.answer}.", q.answer)["score"] == 1.0, q
         assert score_final_number(f"Answer: {wrong}", q.answer) == {"score": 0.0, "answered": 1.0}, q
@@ -171,12 +171,36 @@ def test_the_rule_and_the_record_hold_no_machine_path():
     assert not b.keep({**good, "sampled": {**good["sampled"], "correct": 0.04}})
     assert not b.keep({**good, "sampled": {**good["sampled"], "correct": 0.51}})
     table = b.report([record, good])
-    assert "| arithmetic.add_or_sub | answer_tag | 0.010 (7) | 0.75 | 0.500 | 0.667 |" in table
-    assert b.RULE in table and "kept: arithmetic.add_or_sub (answer_tag)" in table
+    assert "| arithmetic.add_or_sub | answer_tag | 1 | 0.010 (7) | 0.75 | 0.500 | 0.667 | - |" in table
+    assert b.RULE in table and "kept: arithmetic.add_or_sub (answer_tag, T=1)" in table
+    assert "chosen: none" in table  # the choice takes the worked prompt's records only
+
+
+def test_the_choice_takes_temperature_1_when_two_modules_are_kept_else_0_7():
+    b = bench()
+    base = _record()
+    good = {**base, "prompt": "worked", "floor": {"answer": "7", "share": 0.02},
+            "sampled": {**base["sampled"], "answered": 0.95, "correct": 0.1}}
+
+    def at(module, temperature, correct=0.1):
+        return {**good, "module": module, "temperature": temperature,
+                "sampled": {**good["sampled"], "correct": correct}}
+
+    both = [at("arith.mul_add", 1.0), at("arith.mul_sub", 1.0), at("arith.mul_add", 0.7), at("arith.mul_sub", 0.7)]
+    assert b.choose(both) == (1.0, ["arith.mul_add", "arith.mul_sub"])
+    one_at_1 = [at("arith.mul_add", 1.0), at("arith.mul_sub", 1.0, 0.01), at("arith.mul_add", 0.7),
+                at("arith.mul_sub", 0.7)]
+    assert b.choose(one_at_1) == (0.7, ["arith.mul_add", "arith.mul_sub"])
+    assert b.choose(one_at_1[:2]) is None
+    assert b.record_name("worked", "arith.mul_add", 0.7) == "worked-arith.mul_add-t0.7.json"
+    assert b.record_name("worked", "arith.mul_add", 1.0) == "worked-arith.mul_add.json"
+    assert not b.offered("worked", "numbers.gcd") and b.offered("worked", "arith.mul_add")
 
 
 def test_every_candidate_module_is_offered_and_numeric():
+    from verl_group_ppo.mathtask import arith
+
     b = bench()
-    assert set(b.MODULES) <= set(questions.MODULES)
-    for module in b.MODULES:
+    assert set(b.DATASET_MODULES) <= set(questions.MODULES) and set(b.ARITH_MODULES) == set(arith.MODULES)
+    for module in b.DATASET_MODULES:
         guessing_floor([q.answer for q in questions.draw([module], "train-easy", 20, 1)])  # raises unless numbers

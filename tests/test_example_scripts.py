@@ -429,7 +429,7 @@ def test_plugin_startup_checks_reject_bad_group_ppo_settings(override, key, stub
 # The CPU launcher (examples/cpu/common.sh): one list of settings that reads the task's spec
 
 CPU_LAUNCHER = REPO / "examples" / "cpu" / "common.sh"
-CPU_TASKS = [("tiny", "0"), ("tiny", "1"), ("twoway", "0")]
+CPU_TASKS = [("tiny", "0"), ("tiny", "1"), ("twoway", "0"), ("arith", "0")]
 
 
 def cpu_launcher_command(tmp_path: Path, task: str, multi_turn: str, estimator: str, *extra: str) -> list[list[str]]:
@@ -476,6 +476,9 @@ def test_cpu_launcher_sets_no_key_twice_and_takes_the_numbers_from_the_spec(task
     assert int(given["trainer.total_training_steps"]) == spec.steps
     assert int(given["critic.ppo_mini_batch_size"]) * spec.rollout_n >= spec.rank_unit
     assert float(given["actor_rollout_ref.actor.optim.lr"]) == spec.actor_lr
+    assert float(given["actor_rollout_ref.rollout.temperature"]) == spec.temperature
+    assert (given["trainer.val_before_train"], int(given["trainer.test_freq"])) == (str(spec.val_before_train),
+                                                                                   spec.test_freq)
     assert ("actor_rollout_ref.rollout.multi_turn.enable" in given) == spec.multi_turn
     # the user's overrides come last, so they win
     _, main = cpu_launcher_command(tmp_path, task, multi_turn, estimator, "trainer.total_training_steps=2")
@@ -520,7 +523,8 @@ def cpu_launcher_run(tmp_path: Path, estimator: str, env: dict) -> tuple[list[st
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("task,estimator", [("tiny", "group_ppo"), ("tiny", "gae"), ("twoway", "group_ppo")])
+@pytest.mark.parametrize("task,estimator", [("tiny", "group_ppo"), ("tiny", "gae"), ("twoway", "group_ppo"),
+                                            ("arith", "group_ppo")])
 def test_cpu_launcher_with_device_cuda_composes_for_gpus(task, estimator, tmp_path):
     """DEVICE=cuda: the same task and settings on verl's CUDA platform: no VERL_PLATFORM (an inherited one is
     unset), trainer.device=cuda, Ray's CPUs and the threads from the machine, sdpa for actor and critic (no

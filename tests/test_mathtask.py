@@ -292,11 +292,16 @@ def tiny_prepare(tiny_gguf, monkeypatch):
     return calls
 
 
+def twoway(**kwargs) -> prep.PrepareSettings:
+    """The two-way variant's settings with ``kwargs`` changed."""
+    return prep.settings_from_flags({"variant": "twoway", **kwargs})
+
+
 def test_prepare_writes_the_rows_once_and_rebuilds_the_data_only_when_a_setting_changes(tiny_prepare, tmp_path):
     import pandas as pd
 
     # the tiny GGUF's tokenizer spends a token per byte: prompts of about 130 tokens
-    settings = prep.PrepareSettings(modules="comparison.pair,numbers.gcd", n_train=40, n_test=8, response_length=4,
+    settings = twoway(modules="comparison.pair,numbers.gcd", n_train=40, n_test=8, response_length=4,
                                     max_prompt_length=256, min_sampled_accuracy=0.0)
     info = prep.prepare(str(tmp_path), settings, log=lambda m: None)
     assert tiny_prepare == [str(tmp_path / "model")]
@@ -311,7 +316,7 @@ def test_prepare_writes_the_rows_once_and_rebuilds_the_data_only_when_a_setting_
     assert taskdir.is_prepared(str(tmp_path), settings, prep.FORMAT_VERSION)
     prep.prepare(str(tmp_path), settings, log=lambda m: None)
     assert len(tiny_prepare) == 1  # nothing redone
-    changed = prep.PrepareSettings(**{**settings.__dict__, "n_test": 6})
+    changed = twoway(**{**settings.__dict__, "n_test": 6})
     assert not taskdir.is_prepared(str(tmp_path), changed, prep.FORMAT_VERSION)
     prep.prepare(str(tmp_path), changed, log=lambda m: None)
     assert len(tiny_prepare) == 1 and len(pd.read_parquet(tmp_path / "data" / "test.parquet")) == 6
@@ -320,25 +325,24 @@ def test_prepare_writes_the_rows_once_and_rebuilds_the_data_only_when_a_setting_
 def test_prepare_copies_a_local_model_and_keys_the_data_on_it(tiny_gguf, tmp_path, monkeypatch):
     source = checkpoint.convert(str(tmp_path / "local"), gguf_path=tiny_gguf, log=lambda m: None, expected=False)
     monkeypatch.setattr(checkpoint, "convert", lambda *a, **kw: pytest.fail("the default model was converted"))
-    settings = prep.PrepareSettings(model=source, n_train=8, n_test=4, response_length=2, max_prompt_length=256,
+    settings = twoway(model=source, n_train=8, n_test=4, response_length=2, max_prompt_length=256,
                                     min_sampled_accuracy=0.0)
     lines = []
     prep.prepare(str(tmp_path / "task"), settings, log=lines.append)
     assert checkpoint.held_model(str(tmp_path / "task" / "model")) == source
     assert json.loads((tmp_path / "task" / taskdir.KEY_FILE).read_text())["settings"]["model"] == source
-    assert any(line.startswith(f"[prepare] {source} on the test split") for line in lines), lines
+    assert any(line.startswith(f"[prepare] {source} on 4 test questions") for line in lines), lines
 
 
 def test_prepare_stops_when_the_sampled_accuracy_is_outside_the_band(tiny_prepare, tmp_path):
-    settings = prep.PrepareSettings(n_train=8, n_test=4, response_length=2, max_prompt_length=256,
-                                    min_sampled_accuracy=0.5)
+    settings = twoway(n_train=8, n_test=4, response_length=2, max_prompt_length=256, min_sampled_accuracy=0.5)
     with pytest.raises(RuntimeError, match=r"outside \[--min-sampled-accuracy 0.5, --max-sampled-accuracy 0.6\]"):
         prep.prepare(str(tmp_path), settings, log=lambda m: None)
     assert not (tmp_path / taskdir.KEY_FILE).exists()
 
 
 def test_prepare_refuses_prompts_longer_than_the_launchers_prompt_length(tiny_prepare, tmp_path):
-    settings = prep.PrepareSettings(n_train=8, n_test=4, max_prompt_length=12, min_sampled_accuracy=0.0)
+    settings = twoway(n_train=8, n_test=4, max_prompt_length=12, min_sampled_accuracy=0.0)
     with pytest.raises(ValueError, match=r"--max-prompt-length: a prompt of the task has \d+ tokens, more than 12"):
         prep.prepare(str(tmp_path), settings, log=lambda m: None)
 
@@ -348,7 +352,7 @@ def test_prepare_refuses_prompts_longer_than_the_launchers_prompt_length(tiny_pr
                                           ({"model": "no-such-model"}, "model")])
 def test_bad_prepare_settings_name_the_flag(kwargs, name):
     with pytest.raises(ValueError, match=name):
-        prep.PrepareSettings(**kwargs)
+        twoway(**kwargs)
 
 
 def test_the_gguf_quantization_mark_is_dropped_before_saving():

@@ -115,7 +115,7 @@ def test_the_specs_read_what_their_prepare_also_uses():
     tool_settings = tiny_prepare.settings_from_flags({"variant": "tools"})
     assert (tools.response_length, tools.max_assistant_turns) == (tool_settings.response_length,
                                                                   tool_settings.max_assistant_turns)
-    s = mathtask_prepare.PrepareSettings()
+    s = mathtask_prepare.settings_from_flags({"variant": "twoway"})
     assert (twoway.response_length, twoway.prompt_length) == (s.response_length, s.max_prompt_length)
     assert twoway.accuracy_band == (s.min_sampled_accuracy, s.max_sampled_accuracy)
     assert [task_specs.spec_for(t, m) for t, m in (("tiny", 0), ("tiny", "1"), ("twoway", "0"))] == [

@@ -20,6 +20,7 @@ from typing import Sequence
 
 from .mathtask import prepare as mathtask_prepare
 from .mathtask.task import DATA_SOURCE as TWOWAY_DATA_SOURCE
+from .mathtask.task import arith_data_source
 from .taskdir import TaskSpec
 from .tinytask import prepare as tiny_prepare
 from .tinytask.reward import TOOLS_SUFFIX, data_source_for
@@ -31,7 +32,8 @@ TOOL_MODULE = "verl_group_ppo.tinytask.calculator_tool"
 
 _TINY = tiny_prepare.PrepareSettings()
 _TOOLS = tiny_prepare.settings_from_flags({"variant": tiny_prepare.TOOLS.name})
-_TWOWAY = mathtask_prepare.PrepareSettings()
+_ARITH = mathtask_prepare.PrepareSettings()
+_TWOWAY = mathtask_prepare.settings_from_flags({"variant": "twoway"})
 
 #: the tiny task (docs/cpu.md): 32 prompts x 4 responses a step, one actor and two critic updates, 40 steps; on the
 #: model prepare builds, verl's reward rose by +0.05 to +0.11 from the first to the last 10 of 40 steps
@@ -55,13 +57,26 @@ TINY_TOOLS = dataclasses.replace(
 _TWOWAY_STEPS = 20
 TWOWAY = TaskSpec(
     name="twoway", task="twoway", multi_turn=False, data_sources=(TWOWAY_DATA_SOURCE,),
-    prepare_module="verl_group_ppo.mathtask.prepare", prepare_args=(), work_dir="runs/cpu-twoway",
+    prepare_module="verl_group_ppo.mathtask.prepare", prepare_args=("--variant", "twoway"), work_dir="runs/cpu-twoway",
     prompt_length=_TWOWAY.max_prompt_length, response_length=_TWOWAY.response_length, train_batch=16, rollout_n=4,
     steps=_TWOWAY_STEPS, actor_lr=1e-5, critic_lr=5e-5, actor_mini_batches=2, critic_mini_batches=2,
     val_before_train=True, test_freq=_TWOWAY_STEPS, threads=2, project="verl_group_ppo_cpu_twoway",
     accuracy_band=(_TWOWAY.min_sampled_accuracy, _TWOWAY.max_sampled_accuracy))
 
-SPECS: tuple[TaskSpec, ...] = (TINY, TINY_TOOLS, TWOWAY)
+#: the maths-question task's arithmetic variant (docs/mathtask.md): SmolLM2-135M-Instruct (the default model) on two-
+#: and three-step integer arithmetic with free-form answers, one data source per module, replies of up to 64 tokens
+#: after a worked example; validated on 512 questions before training, in the middle and after the last step
+_ARITH_STEPS = 16
+ARITH = TaskSpec(
+    name="arith", task="arith", multi_turn=False,
+    data_sources=tuple(arith_data_source(m) for m in _ARITH.modules.split(",")),
+    prepare_module="verl_group_ppo.mathtask.prepare", prepare_args=(), work_dir="runs/cpu-arith",
+    prompt_length=_ARITH.max_prompt_length, response_length=_ARITH.response_length, train_batch=8, rollout_n=4,
+    steps=_ARITH_STEPS, actor_lr=1e-5, critic_lr=5e-5, actor_mini_batches=1, critic_mini_batches=1,
+    val_before_train=True, test_freq=_ARITH_STEPS // 2, threads=2, project="verl_group_ppo_cpu_arith",
+    accuracy_band=(_ARITH.min_sampled_accuracy, _ARITH.max_sampled_accuracy), temperature=_ARITH.temperature)
+
+SPECS: tuple[TaskSpec, ...] = (TINY, TINY_TOOLS, TWOWAY, ARITH)
 
 
 def spec_for(task: str, multi_turn: str | int | bool = False) -> TaskSpec:
@@ -86,7 +101,7 @@ def shell_values(spec: TaskSpec) -> dict[str, str | tuple[str, ...]]:
         **{name: str(getattr(spec, name)) for name in (
             "prompt_length", "response_length", "train_batch", "rollout_n", "steps", "actor_lr", "critic_lr",
             "actor_mini_batch", "critic_mini_batch", "rank_unit", "val_before_train", "test_freq", "threads",
-            "max_assistant_turns", "value_group_size")}}
+            "max_assistant_turns", "value_group_size", "temperature")}}
     if spec.multi_turn:
         values["tool_file"] = importlib.util.find_spec(TOOL_MODULE).origin
     return values

@@ -64,6 +64,7 @@ class TaskSpec:
     accuracy_band: tuple[float, float]  # prepare refuses a model whose sampled accuracy is outside it
     max_assistant_turns: int = 0  # multi-turn: the agent loop's turn limit (0: single-turn)
     value_group_size: int = 4  # group_max_size of the launcher's runs with value_source mc or prefix_tree
+    temperature: float = 1.0  # actor_rollout_ref.rollout.temperature (sampling, and the actor's log-probs)
 
     def __post_init__(self) -> None:
         for name in ("train_batch", "rollout_n", "steps", "actor_mini_batches", "critic_mini_batches", "threads"):
@@ -72,6 +73,8 @@ class TaskSpec:
         for name in ("actor_mini_batches", "critic_mini_batches"):
             if self.train_batch % getattr(self, name):
                 raise ValueError(f"{name}: must divide train_batch={self.train_batch}, got {getattr(self, name)}")
+        if not self.temperature > 0:
+            raise ValueError(f"temperature: must be > 0, got {self.temperature}")
         if self.multi_turn != (self.max_assistant_turns > 0):
             raise ValueError(f"max_assistant_turns: must be > 0 exactly for a multi-turn task, got "
                              f"{self.max_assistant_turns} (multi_turn={self.multi_turn})")
@@ -210,6 +213,15 @@ class PrepareCall:
     force: bool  # rebuild even when up to date
     threads: int  # torch threads (the --threads rule applied)
     flags: dict[str, Any]  # the settings flags given (a flag not given is left out)
+
+
+def settings_from_flags(settings_type: type, variant_defaults: Mapping[str, Mapping[str, Any]],
+                        flags: Mapping[str, Any]) -> Any:
+    """``settings_type`` (a dataclass with a ``variant`` field) from parsed flags: a flag not given (None) takes its
+    default, the variant's own (``variant_defaults[variant]``) where it has one."""
+    given = {key: value for key, value in flags.items() if value is not None}
+    variant = variant_defaults.get(given.get("variant", getattr(settings_type, "variant")), {})
+    return settings_type(**{**variant, **given})
 
 
 def parse_prepare_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> PrepareCall:

@@ -14,9 +14,11 @@
 #                                          hf rollout; the backend sets what vLLM needs on a CPU, docs/cpu.md)
 #
 # Environment:
-#   TASK      tiny (default): the tiny task (a 0.56M-parameter model built by tinytask.prepare); twoway: the
-#             maths-question task on DeepMind's two-way questions (True/False, which is bigger), answered by a
-#             pretrained LM, by default SmolLM2-135M-Instruct (4-bit GGUF weights converted once; docs/mathtask.md)
+#   TASK      tiny (default): the tiny task (a 0.56M-parameter model built by tinytask.prepare); arith: the
+#             maths-question task's arithmetic variant (two- and three-step integer questions, free-form answers,
+#             one data source per module) answered by a pretrained LM, by default SmolLM2-135M-Instruct (4-bit GGUF
+#             weights converted once; docs/mathtask.md); twoway: the same model on DeepMind's two-way questions
+#             (True/False, which is bigger), which measures the answer format
 #   MULTI_TURN  1: the tiny tool task through verl's tool agent loop (multi_turn.enable, the `tool_agent`
 #             loop, the `add` function tool and the `tinycalc` call format; responses of up to 96 tokens,
 #             tool replies masked); default 0: the single-turn task
@@ -24,7 +26,7 @@
 #   mini-batches, validation, threads, WORK_DIR) are its spec's: `python -m verl_group_ppo.task_specs shell TASK
 #   MULTI_TURN` prints them as the variables this script reads in its one list of settings.
 #   WORK_DIR  the task's directory (default: the spec's, under the repository root: runs/cpu-tiny,
-#             runs/cpu-tiny-tools with MULTI_TURN=1, runs/cpu-twoway). Every run first calls the task's
+#             runs/cpu-tiny-tools with MULTI_TURN=1, runs/cpu-arith, runs/cpu-twoway). Every run first calls the task's
 #             prepare (`python -m verl_group_ppo.tinytask.prepare [--tools]` or `verl_group_ppo.mathtask.prepare`
 #             --output-dir WORK_DIR), which builds WORK_DIR/model and WORK_DIR/data/{train,test}.parquet and
 #             its key file WORK_DIR/data/prepare.json (minutes), and does nothing (seconds) when the key file
@@ -48,7 +50,7 @@
 #             generates on the GPU and the critic loads with sdpa, so neither vLLM nor flash-attn is needed
 #   N_RANKS   trainer ranks (CPU processes or GPUs, one per "GPU" verl sees; default 1): sets trainer.n_gpus_per_node
 #             and ++ray_kwargs.ray_init.num_gpus; must divide the task's smallest mini-batch in responses (64
-#             for the tiny task, 32 for twoway), and the per-rank micro-batch becomes min(32, that / N_RANKS)
+#             for the tiny task, 32 for arith and twoway), and the per-rank micro-batch becomes min(32, that / N_RANKS)
 #             responses so every mini-batch divides
 #
 # Settings the launcher leaves out when an extra override sets them, by key (a leading +, ++ or ~ is
@@ -261,7 +263,7 @@ shared=(
   actor_rollout_ref.actor.use_kl_loss=False
   actor_rollout_ref.rollout.name=hf
   actor_rollout_ref.rollout.n=$rollout_n
-  actor_rollout_ref.rollout.temperature=1.0
+  actor_rollout_ref.rollout.temperature="$temperature"
   actor_rollout_ref.rollout.tensor_model_parallel_size=1
   actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=$micro_batch
   actor_rollout_ref.rollout.calculate_log_probs=True

@@ -441,9 +441,7 @@ def build_parser() -> argparse.ArgumentParser:
 def settings_from_flags(flags: dict[str, Any]) -> PrepareSettings:
     """The settings from the parsed flags: a flag not given (None) takes its default, the variant's own
     (``TaskVariant.defaults``) where it has one."""
-    given = {key: value for key, value in flags.items() if value is not None}
-    variant = VARIANTS.get(given.get("variant", PrepareSettings.variant))
-    return PrepareSettings(**{**(variant.defaults if variant is not None else {}), **given})
+    return taskdir.settings_from_flags(PrepareSettings, {name: v.defaults for name, v in VARIANTS.items()}, flags)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
