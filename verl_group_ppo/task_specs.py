@@ -72,7 +72,7 @@ ARITH = TaskSpec(
     data_sources=tuple(arith_data_source(m) for m in _ARITH.modules.split(",")),
     prepare_module="verl_group_ppo.mathtask.prepare", prepare_args=(), work_dir="runs/cpu-arith",
     prompt_length=_ARITH.max_prompt_length, response_length=_ARITH.response_length, train_batch=8, rollout_n=4,
-    steps=_ARITH_STEPS, actor_lr=1e-5, critic_lr=5e-5, actor_mini_batches=1, critic_mini_batches=1,
+    steps=_ARITH_STEPS, actor_lr=2e-5, critic_lr=5e-5, actor_mini_batches=2, critic_mini_batches=2,
     val_before_train=True, test_freq=_ARITH_STEPS // 2, threads=2, project="verl_group_ppo_cpu_arith",
     accuracy_band=(_ARITH.min_sampled_accuracy, _ARITH.max_sampled_accuracy), temperature=_ARITH.temperature)
 

@@ -39,7 +39,7 @@ FORMAT_VERSION = 3
 ARITH_MODULES = "arith.mul_add,arith.mul_sub,arith.mul_add_mul"
 TWOWAY_MODULES = "comparison.pair,numbers.is_factor,numbers.is_prime"
 #: the sampling temperature the arith task's choice picked (the launcher's rollout temperature)
-ARITH_TEMPERATURE = 1.0
+ARITH_TEMPERATURE = 0.7
 
 
 @dataclass(frozen=True)
