@@ -1,0 +1,246 @@
+"""GROUP-PPO against PPO (verl's GAE), GRPO and GROUP-PPO's prefix-tree values on the arithmetic maths task.
+
+    python benchmarks/bench_arith_comparison.py                 # run what is missing (resumable), then report
+    python benchmarks/bench_arith_comparison.py --from-end      # a second worker: the pending runs from the last back
+    python benchmarks/bench_arith_comparison.py --report        # the tables from the kept records
+    python benchmarks/bench_arith_comparison.py --log runs/arith_full.log   # one launcher run's summary
+
+The pre-registered comparison: every arm of :data:`ARMS` runs ``examples/cpu/common.sh`` with ``TASK=arith`` at the
+launcher's settings (its steps; greedy validation on the 512 test questions before training, at ``test_freq`` and
+after the last step), seeds 0, 1 and 2 (``data.seed`` and the rollout's sampling seed), every arm of a seed before
+the next seed. ``group_ppo_prefix_tree`` is group_ppo with ``VALUE_SOURCE=prefix_tree`` (no critic; groups of the
+spec's ``value_group_size`` tokens). Each finished run is kept as one JSON record (its command, seconds and the
+per-step metrics of :data:`KEEP`) under benchmarks/results/arith/comparison/, its log under runs/arith/comparison/;
+an interrupted sweep resumes at the first missing run.
+
+Per run (:func:`summarise`, shared by the records and ``--log``): validation accuracy per module (verl's
+``val-core/<source>/reward/mean@1``) and pooled over the test questions (each module weighted by its question
+count), the answered rate (``val-aux/<source>/answered/mean@1``), the rise of pooled accuracy from step 0 to the end
+in binomial standard errors of the difference; the training reward ``critic/score/mean`` over the first and last
+:data:`WINDOW` steps and over all steps (area); verl's ``critic/vf_explained_var``, median over the second half of
+the steps whose batch rewards differ (runs with a critic); mean ``timing_s/step`` (validation steps included). Pairs
+compare val after, reward over the last window and area seed by seed: win when every seed's difference is positive
+and the mean exceeds 2 paired SE, lose by the mirror rule, else level; no verdict before all planned seeds are in.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from statistics import mean, median
+
+from benchlib import REPO, Run, Sweep, cell, differences, plan, run_launcher, run_pending
+from verl_group_ppo.logs import parse_step_metrics
+from verl_group_ppo.mathtask.prepare import PrepareSettings
+from verl_group_ppo.task_specs import ARITH
+
+RESULTS = os.path.join(REPO, "benchmarks", "results", "arith", "comparison")
+RUNS = os.path.join(REPO, "runs", "arith", "comparison")  # logs and checkpoints (not committed)
+STEPS, MIDDLE = ARITH.steps, ARITH.test_freq  # the launcher's own; the records are checked against STEPS
+SEEDS = (0, 1, 2)
+ARMS = {"group_ppo": ("group_ppo", ""), "gae": ("gae", ""), "grpo": ("grpo", ""),
+        "group_ppo_prefix_tree": ("group_ppo", "prefix_tree")}
+"""arm -> (launcher estimator, its VALUE_SOURCE; "" is the estimator's default)."""
+PAIRS = (("group_ppo", "gae"), ("group_ppo", "grpo"), ("gae", "grpo"), ("group_ppo_prefix_tree", "group_ppo"),
+         ("group_ppo_prefix_tree", "gae"), ("group_ppo_prefix_tree", "grpo"))
+WINDOW = 4  # steps in the reward's first and last windows
+METRICS = {"val after": "val_after", f"reward, last {WINDOW}": "last", "area": "area"}
+N_TEST = PrepareSettings().n_test
+SOURCES = ARITH.data_sources  # in module order: the test split gives module i questions i, i + 3, ...
+COUNTS = {src: len(range(i, N_TEST, len(SOURCES))) for i, src in enumerate(SOURCES)}
+VAL, ANSWERED, EV = "val-core/{}/reward/mean@1", "val-aux/{}/answered/mean@1", "critic/vf_explained_var"
+KEEP = ("critic/score/", EV, "response_length/mean", "group/", "timing_s/", "actor/ppo_kl", "actor/entropy", "val-")
+
+
+def sweep() -> Sweep:
+    return Sweep(RESULTS, tuple(plan([Run(arm, seed) for arm in ARMS for seed in SEEDS], list(ARMS))))
+
+
+def launch(run: Run, work_dir: str) -> dict:
+    """:func:`benchlib.run_launcher`'s arguments for ``run`` (nothing runs)."""
+    estimator, value_source = ARMS[run.arm]
+    label = f"{run.arm}-seed{run.seed}"
+    return {"estimator": estimator, "steps": STEPS,
+            "overrides": [f"data.seed={run.seed}", f"actor_rollout_ref.rollout.seed={run.seed}",
+                          f"trainer.experiment_name=arith_comparison_{run.arm}_seed{run.seed}"],
+            # VALUE_SOURCE is always set, so that no arm inherits one from the shell
+            "env": {"TASK": "arith", "WORK_DIR": work_dir, "VALUE_SOURCE": value_source},
+            "log_path": os.path.join(RUNS, f"{label}.log"), "checkpoint_dir": os.path.join(RUNS, "checkpoints", label)}
+
+
+def run_one(run: Run, work_dir: str) -> dict:
+    """Run the launcher for ``run``; the record keeps the metrics of :data:`KEEP`."""
+    args = launch(run, work_dir)
+    result = run_launcher(**args)
+    steps = {str(s): {k: v for k, v in m.items() if k.startswith(KEEP)} for s, m in result.steps.items()}
+    return {"arm": run.arm, "estimator": args["estimator"], "seed": run.seed, "steps_planned": STEPS,
+            "command": result.command, "seconds": round(result.seconds, 1), "steps": steps}
+
+
+def accept(record: dict) -> bool:
+    return record.get("steps_planned") == STEPS
+
+
+def avg(values) -> float:
+    values = list(values)
+    return mean(values) if values else math.nan
+
+
+def pooled(per_source: dict[str, float]) -> float:
+    """The accuracy over the test questions: each source's figure weighted by its question count (:data:`COUNTS`)."""
+    return sum(COUNTS[s] * v for s, v in per_source.items()) / sum(COUNTS[s] for s in per_source)
+
+
+def rise(p0: float, p1: float, n: int = N_TEST) -> tuple[float, float, str]:
+    """(p1 - p0, the binomial SE of that difference, sqrt(p0 (1 - p0) / n + p1 (1 - p1) / n), and whether it
+    exceeds 2 SE: "yes", "drop" (below -2 SE) or "no")."""
+    diff, se = p1 - p0, math.sqrt(p0 * (1 - p0) / n + p1 * (1 - p1) / n)
+    return diff, se, "yes" if diff > 2 * se else "drop" if diff < -2 * se else "no"
+
+
+def summarise(steps: dict[int, dict[str, float]]) -> dict:
+    """One run's figures from its ``{step: metrics}``: ``val`` per validated step (``pooled``, ``answered``
+    pooled, ``modules``: source -> (accuracy, answered)), the reward windows, ``ev_steps`` and ``ev`` (None
+    without a critic), and the mean of every ``timing_s/*`` over the training steps that log it."""
+    val = {}
+    for s in sorted(steps):
+        if all(VAL.format(src) in steps[s] for src in SOURCES):
+            modules = {src: (steps[s][VAL.format(src)], steps[s].get(ANSWERED.format(src), math.nan))
+                       for src in SOURCES}
+            val[s] = {"pooled": pooled({k: v[0] for k, v in modules.items()}),
+                      "answered": pooled({k: v[1] for k, v in modules.items()}), "modules": modules}
+    trained = [s for s in sorted(steps) if s > 0 and "critic/score/mean" in steps[s]]
+    reward = [steps[s]["critic/score/mean"] for s in trained]
+    ev_steps = [(s, steps[s][EV]) for s in trained if EV in steps[s]]
+    # the second half, batches whose rewards differ (with equal returns EV means nothing; kept where not logged)
+    late = [ev for s, ev in ev_steps if s > trained[-1] / 2
+            and steps[s].get("critic/score/max", 1.0) > steps[s].get("critic/score/min", 0.0)]
+    keys = sorted({k for s in trained for k in steps[s] if k.startswith("timing_s/")})
+    return {"val": val, "first": avg(reward[:WINDOW]), "last": avg(reward[-WINDOW:]), "area": avg(reward),
+            "ev_steps": ev_steps, "ev": (median(late) if late else math.nan) if ev_steps else None,
+            "timing": {k: (avg(steps[s][k] for s in trained if k in steps[s]),
+                           [s for s in trained if k in steps[s]]) for k in keys}}
+
+
+def figures(record: dict) -> dict:
+    """A record's :func:`summarise` with the report's keys (NaN for a step not validated)."""
+    s = summarise({int(k): m for k, m in record["steps"].items()})
+
+    def val(step: int, key: str) -> float:
+        return s["val"][step][key] if step in s["val"] else math.nan
+
+    return {**s, "arm": record["arm"], "seed": record["seed"], "val_before": val(0, "pooled"),
+            "val_middle": val(MIDDLE, "pooled"), "val_after": val(STEPS, "pooled"),
+            "answered_before": val(0, "answered"), "answered_after": val(STEPS, "answered"),
+            **{src: s["val"][STEPS]["modules"][src][0] if STEPS in s["val"] else math.nan for src in SOURCES},
+            "step_s": s["timing"].get("timing_s/step", (math.nan,))[0]}
+
+
+def short(src: str) -> str:
+    return src.rsplit("/", 1)[1]
+
+
+def rise_cells(p0: float, p1: float) -> list[str]:
+    """p0, p1, the rise, its SE, the rise in SEs and the 2-SE flag, formatted."""
+    diff, se, flag = rise(p0, p1)
+    return [f"{p0:.3f}", f"{p1:.3f}", f"{diff:+.3f}", f"{se:.3f}", f"{diff / se if se else math.nan:+.1f}", flag]
+
+
+def report(records: list[dict] | None = None) -> str:
+    """The arm, rise and pair tables of ``records`` (default: the kept ones) and the planned runs they lack."""
+    if records is None:
+        records = [r for _, r in sweep().records(accept)]
+    rows = [figures(r) for r in records]
+    done = {(r["arm"], r["seed"]) for r in rows}
+    missing = [run for run in sweep().runs if (run.arm, run.seed) not in done]
+    out = [f"| arm | seeds | val before | val step {MIDDLE} | val after | "
+           + " | ".join(f"after: {short(s)}" for s in SOURCES) + f" | answered before -> after | reward, first "
+           f"{WINDOW} | reward, last {WINDOW} | area | EV (median, 2nd half) | s / step |",
+           "|---" * (len(SOURCES) + 11) + "|"]
+    for arm in ARMS:
+        mine = [r for r in rows if r["arm"] == arm]
+        if not mine:
+            continue
+        m = {k: avg(r[k] for r in mine) for k in ("val_before", "val_middle", "val_after", "answered_before",
+                                                   "answered_after", "first", "last", "area", "step_s", *SOURCES)}
+        evs = [r["ev"] for r in mine if r["ev"] is not None]
+        out.append(f"| {arm} | {', '.join(str(r['seed']) for r in mine)} | {m['val_before']:.3f} | "
+                   f"{m['val_middle']:.3f} | {m['val_after']:.3f} | " + " | ".join(f"{m[s]:.3f}" for s in SOURCES)
+                   + f" | {m['answered_before']:.2f} -> {m['answered_after']:.2f} | {m['first']:.3f} | "
+                   f"{m['last']:.3f} | {m['area']:.3f} | {f'{avg(evs):+.2f}' if evs else '-'} | {m['step_s']:.1f} |")
+    out += ["", f"| run | val step 0 | val after | rise | binomial SE (n = {N_TEST}) | rise / SE | > 2 SE |",
+            "|---" * 7 + "|"]
+    out += [f"| {r['arm']} seed {r['seed']} | " + " | ".join(rise_cells(r["val_before"], r["val_after"])) + " |"
+            for r in rows]
+    if rows:
+        diffs = differences(rows, PAIRS, METRICS, arm_key="arm")
+        out += ["", "| pair | " + " | ".join(METRICS) + " | missing runs |", "|---" * (len(METRICS) + 2) + "|"]
+        for (arm, base), (pair, metric) in zip(PAIRS, diffs.items()):
+            lacking = [run.label() for run in missing if run.arm in (arm, base)]
+            cells = [cell({**d, "verdict": "no verdict"} if lacking else d) for d in metric.values()]
+            out.append(f"| {pair} | " + " | ".join(cells) + f" | {', '.join(lacking) or '-'} |")
+    if missing:
+        out += ["", f"missing runs: {', '.join(run.label() for run in missing)}"]
+    return "\n".join(out)
+
+
+def log_report(text: str) -> str:
+    """One launcher run's output: validation per module and pooled, the rise, rewards, EV and step times."""
+    steps = parse_step_metrics(text)
+    if not steps:
+        return "no `step:N - ...` metric lines found"
+    s = summarise(steps)
+    out = [f"steps logged: {min(steps)}..{max(steps)} ({len(steps)})", "",
+           "| step | module (questions) | accuracy | answered | accuracy among answered |", "|---|---|---|---|---|"]
+    for step, v in s["val"].items():
+        for name, (acc, ans), n in [*((short(k), m, COUNTS[k]) for k, m in v["modules"].items()),
+                                    ("pooled", (v["pooled"], v["answered"]), N_TEST)]:
+            out.append(f"| {step} | {name} ({n}) | {acc:.3f} | {ans:.3f} | {acc / ans if ans else math.nan:.3f} |")
+    if len(s["val"]) >= 2:
+        (a, first), (b, last) = list(s["val"].items())[0], list(s["val"].items())[-1]
+        cells = rise_cells(first["pooled"], last["pooled"])
+        out += ["", f"pooled accuracy, step {a} -> {b}: {cells[0]} -> {cells[1]}, rise {cells[2]}, binomial SE "
+                    f"{cells[3]} (n = {N_TEST}), {cells[4]} SE; > 2 SE: {cells[5]}"]
+    out += ["", f"critic/score/mean: first {WINDOW} steps {s['first']:.3f}, last {WINDOW} {s['last']:.3f}, "
+                f"all steps (area) {s['area']:.3f}"]
+    if s["ev_steps"]:
+        out += [f"{EV} per step: " + ", ".join(f"{k}: {e:+.2f}" for k, e in s["ev_steps"]),
+                f"{EV} median over the second half (batches whose rewards differ): {s['ev']:+.2f}"]
+    step_s = s["timing"].get("timing_s/step", (math.nan,))[0]
+    out += ["", "| phase | steps | mean s | share of step |", "|---|---|---|---|"]
+    for key, (value, logged) in sorted(s["timing"].items(), key=lambda kv: -kv[1][0]):
+        if key != "timing_s/testing":
+            out.append(f"| {key} | {len(logged)} | {value:.2f} | {value / step_s:.1%} |")
+    if "timing_s/testing" in s["timing"]:
+        value, logged = s["timing"]["timing_s/testing"]
+        out.append(f"\nvalidation (timing_s/testing, inside the step's time): {value:.1f} s at steps "
+                   f"{', '.join(map(str, logged))}")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--work-dir", default=os.path.join(REPO, "runs", "cpu-arith"),
+                        help="the task's directory (the launcher prepares it when needed)")
+    parser.add_argument("--report", action="store_true", help="only print the tables from the kept records")
+    parser.add_argument("--from-end", action="store_true",
+                        help="take the pending runs from the last backwards: a second worker beside one started "
+                             "without it (each skips a run the other finished)")
+    parser.add_argument("--log", metavar="PATH", help="only summarise one launcher output file")
+    args = parser.parse_args(argv)
+    if args.log:
+        with open(args.log, errors="replace") as f:
+            print(log_report(f.read()))
+        return 0
+    if not args.report:
+        the_sweep = sweep()
+        if args.from_end:
+            the_sweep = the_sweep._replace(runs=tuple(reversed(the_sweep.runs)))
+        run_pending(the_sweep, lambda run: run_one(run, os.path.abspath(args.work_dir)), accept, tag="arith comparison")
+    print(report())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
