@@ -6,7 +6,7 @@
     python benchmarks/bench_arith_comparison.py --log runs/arith_full.log   # one launcher run's summary
 
 The pre-registered comparison: every arm of :data:`ARMS` runs ``examples/cpu/common.sh`` with ``TASK=arith`` at the
-launcher's settings (its steps; greedy validation on the 512 test questions before training, at ``test_freq`` and
+launcher's settings (its steps; greedy validation on the 1024 test questions before training, at ``test_freq`` and
 after the last step), seeds 0, 1 and 2 (``data.seed`` and the rollout's sampling seed), every arm of a seed before
 the next seed. ``group_ppo_prefix_tree`` is group_ppo with ``VALUE_SOURCE=prefix_tree`` (no critic; groups of the
 spec's ``value_group_size`` tokens). Each finished run is kept as one JSON record (its command, seconds and the
@@ -48,7 +48,12 @@ WINDOW = 4  # steps in the reward's first and last windows
 METRICS = {"val after": "val_after", f"reward, last {WINDOW}": "last", "area": "area"}
 N_TEST = PrepareSettings().n_test
 SOURCES = ARITH.data_sources  # in module order: the test split gives module i questions i, i + 3, ...
-COUNTS = {src: len(range(i, N_TEST, len(SOURCES))) for i, src in enumerate(SOURCES)}
+def counts(n_test: int = N_TEST) -> dict[str, int]:
+    """Test questions per source: the split gives module i questions i, i + 3, ..."""
+    return {src: len(range(i, n_test, len(SOURCES))) for i, src in enumerate(SOURCES)}
+
+
+COUNTS = counts()
 VAL, ANSWERED, EV = "val-core/{}/reward/mean@1", "val-aux/{}/answered/mean@1", "critic/vf_explained_var"
 KEEP = ("critic/score/", EV, "response_length/mean", "group/", "timing_s/", "actor/ppo_kl", "actor/entropy", "val-")
 
@@ -74,7 +79,7 @@ def run_one(run: Run, work_dir: str) -> dict:
     args = launch(run, work_dir)
     result = run_launcher(**args)
     steps = {str(s): {k: v for k, v in m.items() if k.startswith(KEEP)} for s, m in result.steps.items()}
-    return {"arm": run.arm, "estimator": args["estimator"], "seed": run.seed, "steps_planned": STEPS,
+    return {"arm": run.arm, "estimator": args["estimator"], "seed": run.seed, "steps_planned": STEPS, "n_test": N_TEST,
             "command": result.command, "seconds": round(result.seconds, 1), "steps": steps}
 
 
@@ -87,9 +92,10 @@ def avg(values) -> float:
     return mean(values) if values else math.nan
 
 
-def pooled(per_source: dict[str, float]) -> float:
-    """The accuracy over the test questions: each source's figure weighted by its question count (:data:`COUNTS`)."""
-    return sum(COUNTS[s] * v for s, v in per_source.items()) / sum(COUNTS[s] for s in per_source)
+def pooled(per_source: dict[str, float], n_test: int = N_TEST) -> float:
+    """The accuracy over ``n_test`` test questions: each source's figure weighted by its question count."""
+    n = counts(n_test)
+    return sum(n[s] * v for s, v in per_source.items()) / sum(n[s] for s in per_source)
 
 
 def rise(p0: float, p1: float, n: int = N_TEST) -> tuple[float, float, str]:
@@ -99,7 +105,7 @@ def rise(p0: float, p1: float, n: int = N_TEST) -> tuple[float, float, str]:
     return diff, se, "yes" if diff > 2 * se else "drop" if diff < -2 * se else "no"
 
 
-def summarise(steps: dict[int, dict[str, float]]) -> dict:
+def summarise(steps: dict[int, dict[str, float]], n_test: int = N_TEST) -> dict:
     """One run's figures from its ``{step: metrics}``: ``val`` per validated step (``pooled``, ``answered``
     pooled, ``modules``: source -> (accuracy, answered)), the reward windows, ``ev_steps`` and ``ev`` (None
     without a critic), and the mean of every ``timing_s/*`` over the training steps that log it."""
@@ -108,8 +114,8 @@ def summarise(steps: dict[int, dict[str, float]]) -> dict:
         if all(VAL.format(src) in steps[s] for src in SOURCES):
             modules = {src: (steps[s][VAL.format(src)], steps[s].get(ANSWERED.format(src), math.nan))
                        for src in SOURCES}
-            val[s] = {"pooled": pooled({k: v[0] for k, v in modules.items()}),
-                      "answered": pooled({k: v[1] for k, v in modules.items()}), "modules": modules}
+            val[s] = {"pooled": pooled({k: v[0] for k, v in modules.items()}, n_test),
+                      "answered": pooled({k: v[1] for k, v in modules.items()}, n_test), "modules": modules}
     trained = [s for s in sorted(steps) if s > 0 and "critic/score/mean" in steps[s]]
     reward = [steps[s]["critic/score/mean"] for s in trained]
     ev_steps = [(s, steps[s][EV]) for s in trained if EV in steps[s]]
@@ -117,7 +123,7 @@ def summarise(steps: dict[int, dict[str, float]]) -> dict:
     late = [ev for s, ev in ev_steps if s > trained[-1] / 2
             and steps[s].get("critic/score/max", 1.0) > steps[s].get("critic/score/min", 0.0)]
     keys = sorted({k for s in trained for k in steps[s] if k.startswith("timing_s/")})
-    return {"val": val, "first": avg(reward[:WINDOW]), "last": avg(reward[-WINDOW:]), "area": avg(reward),
+    return {"n_test": n_test, "val": val, "first": avg(reward[:WINDOW]), "last": avg(reward[-WINDOW:]), "area": avg(reward),
             "ev_steps": ev_steps, "ev": (median(late) if late else math.nan) if ev_steps else None,
             "timing": {k: (avg(steps[s][k] for s in trained if k in steps[s]),
                            [s for s in trained if k in steps[s]]) for k in keys}}
@@ -125,7 +131,7 @@ def summarise(steps: dict[int, dict[str, float]]) -> dict:
 
 def figures(record: dict) -> dict:
     """A record's :func:`summarise` with the report's keys (NaN for a step not validated)."""
-    s = summarise({int(k): m for k, m in record["steps"].items()})
+    s = summarise({int(k): m for k, m in record["steps"].items()}, record.get("n_test", N_TEST))
 
     def val(step: int, key: str) -> float:
         return s["val"][step][key] if step in s["val"] else math.nan
@@ -141,9 +147,9 @@ def short(src: str) -> str:
     return src.rsplit("/", 1)[1]
 
 
-def rise_cells(p0: float, p1: float) -> list[str]:
-    """p0, p1, the rise, its SE, the rise in SEs and the 2-SE flag, formatted."""
-    diff, se, flag = rise(p0, p1)
+def rise_cells(p0: float, p1: float, n: int = N_TEST) -> list[str]:
+    """p0, p1, the rise, its SE over ``n`` questions, the rise in SEs and the 2-SE flag, formatted."""
+    diff, se, flag = rise(p0, p1, n)
     return [f"{p0:.3f}", f"{p1:.3f}", f"{diff:+.3f}", f"{se:.3f}", f"{diff / se if se else math.nan:+.1f}", flag]
 
 
@@ -169,9 +175,10 @@ def report(records: list[dict] | None = None) -> str:
                    f"{m['val_middle']:.3f} | {m['val_after']:.3f} | " + " | ".join(f"{m[s]:.3f}" for s in SOURCES)
                    + f" | {m['answered_before']:.2f} -> {m['answered_after']:.2f} | {m['first']:.3f} | "
                    f"{m['last']:.3f} | {m['area']:.3f} | {f'{avg(evs):+.2f}' if evs else '-'} | {m['step_s']:.1f} |")
-    out += ["", f"| run | val step 0 | val after | rise | binomial SE (n = {N_TEST}) | rise / SE | > 2 SE |",
+    out += ["", "| run | val step 0 | val after | rise | binomial SE | rise / SE | > 2 SE |",
             "|---" * 7 + "|"]
-    out += [f"| {r['arm']} seed {r['seed']} | " + " | ".join(rise_cells(r["val_before"], r["val_after"])) + " |"
+    out += [f"| {r['arm']} seed {r['seed']} | " + " | ".join(rise_cells(r["val_before"], r["val_after"], r["n_test"]))
+            + " |"
             for r in rows]
     if rows:
         diffs = differences(rows, PAIRS, METRICS, arm_key="arm")
@@ -185,23 +192,25 @@ def report(records: list[dict] | None = None) -> str:
     return "\n".join(out)
 
 
-def log_report(text: str) -> str:
-    """One launcher run's output: validation per module and pooled, the rise, rewards, EV and step times."""
+def log_report(text: str, n_test: int = N_TEST) -> str:
+    """One launcher run's output (validated on ``n_test`` questions): validation per module and pooled, the rise,
+    rewards, EV and step times."""
     steps = parse_step_metrics(text)
     if not steps:
         return "no `step:N - ...` metric lines found"
-    s = summarise(steps)
+    s = summarise(steps, n_test)
+    n = counts(n_test)
     out = [f"steps logged: {min(steps)}..{max(steps)} ({len(steps)})", "",
            "| step | module (questions) | accuracy | answered | accuracy among answered |", "|---|---|---|---|---|"]
     for step, v in s["val"].items():
-        for name, (acc, ans), n in [*((short(k), m, COUNTS[k]) for k, m in v["modules"].items()),
-                                    ("pooled", (v["pooled"], v["answered"]), N_TEST)]:
-            out.append(f"| {step} | {name} ({n}) | {acc:.3f} | {ans:.3f} | {acc / ans if ans else math.nan:.3f} |")
+        for name, (acc, ans), size in [*((short(k), m, n[k]) for k, m in v["modules"].items()),
+                                       ("pooled", (v["pooled"], v["answered"]), n_test)]:
+            out.append(f"| {step} | {name} ({size}) | {acc:.3f} | {ans:.3f} | {acc / ans if ans else math.nan:.3f} |")
     if len(s["val"]) >= 2:
         (a, first), (b, last) = list(s["val"].items())[0], list(s["val"].items())[-1]
-        cells = rise_cells(first["pooled"], last["pooled"])
+        cells = rise_cells(first["pooled"], last["pooled"], n_test)
         out += ["", f"pooled accuracy, step {a} -> {b}: {cells[0]} -> {cells[1]}, rise {cells[2]}, binomial SE "
-                    f"{cells[3]} (n = {N_TEST}), {cells[4]} SE; > 2 SE: {cells[5]}"]
+                    f"{cells[3]} (n = {n_test}), {cells[4]} SE; > 2 SE: {cells[5]}"]
     out += ["", f"critic/score/mean: first {WINDOW} steps {s['first']:.3f}, last {WINDOW} {s['last']:.3f}, "
                 f"all steps (area) {s['area']:.3f}"]
     if s["ev_steps"]:
@@ -228,10 +237,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="take the pending runs from the last backwards: a second worker beside one started "
                              "without it (each skips a run the other finished)")
     parser.add_argument("--log", metavar="PATH", help="only summarise one launcher output file")
+    parser.add_argument("--n-test", type=int, default=N_TEST,
+                        help="with --log: the run's validation questions (prepare's --n-test)")
     args = parser.parse_args(argv)
     if args.log:
         with open(args.log, errors="replace") as f:
-            print(log_report(f.read()))
+            print(log_report(f.read(), args.n_test))
         return 0
     if not args.report:
         the_sweep = sweep()

@@ -2,7 +2,7 @@
 ``examples/cpu/run_arith_group_ppo.sh`` for 2 steps.
 
 Marked ``real_model`` (and ``slow``): left out of ``pytest`` and of ``pytest -m "not slow"``, because its minutes
-(two validations of 512 questions) would take the suite past 15; run it with ``pytest -m real_model``
+(two validations of 1024 questions) would take the suite past 15; run it with ``pytest -m real_model``
 (docs/mathtask.md). It builds the task in ``ARITH_WORK_DIR`` (default ``runs/cpu-arith``, kept between runs: the
 conversion and data are made once).
 """

@@ -185,7 +185,7 @@ def test_per_module_data_sources_reach_verls_validation_metrics():
 def test_prepare_defaults_are_the_arith_variant_and_twoway_changes_its_own():
     arith_settings = mathtask_prepare.PrepareSettings()
     assert arith_settings.variant == "arith" and isinstance(arith_settings.task(), ArithTask)
-    assert (arith_settings.n_test, arith_settings.response_length, arith_settings.min_answered) == (512, 64, 0.9)
+    assert (arith_settings.n_test, arith_settings.response_length, arith_settings.min_answered) == (1024, 64, 0.9)
     twoway = mathtask_prepare.settings_from_flags({"variant": "twoway", "seed": None})
     assert (twoway.modules, twoway.n_test, twoway.response_length) == (mathtask_prepare.TWOWAY_MODULES, 128, 16)
     assert mathtask_prepare.settings_from_flags({"variant": "twoway", "n_test": 64}).n_test == 64

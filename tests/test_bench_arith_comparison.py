@@ -47,19 +47,21 @@ def test_counts_follow_the_test_split_and_pooling_weights_modules_by_them():
 
     modules = PrepareSettings().modules.split(",")
     drawn = Counter(arith_data_source(q.module) for q in arith.draw(modules, B.N_TEST, 0))
-    assert B.COUNTS == dict(drawn) and list(B.COUNTS.values()) == [171, 171, 170] and B.N_TEST == 512
+    assert B.COUNTS == dict(drawn) and list(B.COUNTS.values()) == [342, 341, 341] and B.N_TEST == 1024
+    assert list(B.counts(512).values()) == [171, 171, 170]
     a, b, c = SOURCES
-    assert B.pooled({a: 1.0, b: 0.0, c: 0.0}) == pytest.approx(171 / 512)
-    assert B.pooled({a: 0.0, b: 0.0, c: 1.0}) == pytest.approx(170 / 512)
+    assert B.pooled({a: 1.0, b: 0.0, c: 0.0}) == pytest.approx(342 / 1024)
+    assert B.pooled({a: 0.0, b: 0.0, c: 1.0}, 512) == pytest.approx(170 / 512)
     s = B.summarise(steps())
     assert sorted(s["val"]) == [0, B.MIDDLE, B.STEPS] and s["val"][B.STEPS]["pooled"] == pytest.approx(0.2)
 
 
 def test_the_rise_is_measured_in_binomial_standard_errors_of_the_difference():
-    diff, se, flag = B.rise(0.10, 0.15)
+    diff, se, flag = B.rise(0.10, 0.15, 512)
     assert diff == pytest.approx(0.05) and se == pytest.approx(math.sqrt((0.09 + 0.1275) / 512))
     assert flag == "yes"  # 0.05 > 2 x 0.0206
-    assert B.rise(0.10, 0.13)[2] == "no" and B.rise(0.15, 0.10)[2] == "drop"
+    assert B.rise(0.10, 0.13, 512)[2] == "no" and B.rise(0.15, 0.10, 512)[2] == "drop"
+    assert B.rise(0.10, 0.125, 1024)[2] == "no" and B.rise(0.10, 0.13, 1024)[2] == "yes"  # more questions, smaller SE
 
 
 def test_reward_windows_ev_over_the_second_half_of_varying_batches_and_step_time():
@@ -150,7 +152,7 @@ def test_log_summary_of_one_launcher_run(tmp_path, capsys):
     data[B.STEPS][B.VAL.format(a)] = 0.4
     path = tmp_path / "arith_full.log"
     path.write_text(log_text(data))
-    assert B.main(["--log", str(path)]) == 0
+    assert B.main(["--log", str(path), "--n-test", "512"]) == 0
     text = capsys.readouterr().out
     assert f"| {B.STEPS} | mul_add (171) | 0.400 | 0.800 | 0.500 |" in text
     pooled = (171 * 0.4 + 171 * 0.2 + 170 * 0.2) / 512

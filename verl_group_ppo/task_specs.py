@@ -65,7 +65,7 @@ TWOWAY = TaskSpec(
 
 #: the maths-question task's arithmetic variant (docs/mathtask.md): SmolLM2-135M-Instruct (the default model) on two-
 #: and three-step integer arithmetic with free-form answers, one data source per module, replies of up to 64 tokens
-#: after a worked example; validated on 512 questions before training, in the middle and after the last step
+#: after a worked example; validated on 1024 questions before training, in the middle and after the last step
 _ARITH_STEPS = 16
 ARITH = TaskSpec(
     name="arith", task="arith", multi_turn=False,

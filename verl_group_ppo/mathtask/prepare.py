@@ -60,7 +60,7 @@ class PrepareSettings:
     prompt: str = setting("worked", "how a question is asked (arith: worked; twoway: verl_group_ppo.mathtask.task."
                                     "PROMPTS)")
     n_train: int = setting(4000, "training questions drawn (fewer after removing any that are test questions)")
-    n_test: int = setting(512, "test questions (verl's validation set)")
+    n_test: int = setting(1024, "test questions (verl's validation set)")
     seed: int = setting(0, "the test split's draws use it, the training split's seed + 1")
     response_length: int = setting(64, "the check's reply length in tokens (the launcher's max_response_length)")
     max_prompt_length: int = setting(112, "refuse a question whose prompt is longer in tokens (the launcher's "
