@@ -224,6 +224,18 @@ def settings_from_flags(settings_type: type, variant_defaults: Mapping[str, Mapp
     return settings_type(**{**variant, **given})
 
 
+def run_prepare_command(parser: argparse.ArgumentParser, make_settings: Callable[[Mapping[str, Any]], Any],
+                        prepare: Callable[..., Any], argv: Sequence[str] | None = None) -> int:
+    """A task's ``prepare`` command line: parse ``argv`` (:func:`parse_prepare_args`), set torch's threads, then
+    ``prepare(output_dir, make_settings(flags), log=print, force=...)``; returns the exit status 0."""
+    call = parse_prepare_args(parser, argv)
+    import torch
+
+    torch.set_num_threads(call.threads)
+    prepare(call.output_dir, make_settings(call.flags), log=lambda m: print(m, flush=True), force=call.force)
+    return 0
+
+
 def parse_prepare_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> PrepareCall:
     """Parse ``argv`` with a :func:`settings_parser`; ValueError naming ``--threads`` when it is below 1."""
     args = vars(parser.parse_args(argv))

@@ -24,6 +24,7 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from . import questions
 from .questions import Question
 
 
@@ -69,14 +70,7 @@ MODULES: dict[str, Module] = {m.name: m for m in (
 
 def check_modules(modules: Sequence[str]) -> tuple[str, ...]:
     """``modules`` as a tuple, or ValueError naming the argument and listing :data:`MODULES`."""
-    if isinstance(modules, str) or not modules:
-        raise ValueError(f"modules: give a non-empty list of module names, got {modules!r}")
-    unknown = [m for m in modules if m not in MODULES]
-    if unknown:
-        raise ValueError(f"modules: {unknown} not offered; choose from {list(MODULES)}")
-    if len(set(modules)) != len(modules):
-        raise ValueError(f"modules: {list(modules)} names a module twice")
-    return tuple(modules)
+    return questions.check_modules(modules, tuple(MODULES))
 
 
 def draw(modules: Sequence[str], count: int, seed: int) -> list[Question]:

@@ -42,13 +42,13 @@ class Question:
     answer: str
 
 
-def check_modules(modules: Sequence[str]) -> tuple[str, ...]:
-    """``modules`` as a tuple, or ValueError naming the argument and listing :data:`MODULES`."""
+def check_modules(modules: Sequence[str], offered: Sequence[str] = MODULES) -> tuple[str, ...]:
+    """``modules`` as a tuple, or ValueError naming the argument and listing ``offered`` (default :data:`MODULES`)."""
     if isinstance(modules, str) or not modules:
         raise ValueError(f"modules: give a non-empty list of module names, got {modules!r}")
-    unknown = [m for m in modules if m not in MODULES]
+    unknown = [m for m in modules if m not in offered]
     if unknown:
-        raise ValueError(f"modules: {unknown} not offered; choose from {list(MODULES)}")
+        raise ValueError(f"modules: {unknown} not offered; choose from {list(offered)}")
     if len(set(modules)) != len(modules):
         raise ValueError(f"modules: {list(modules)} names a module twice")
     return tuple(modules)

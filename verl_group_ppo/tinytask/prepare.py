@@ -445,12 +445,7 @@ def settings_from_flags(flags: dict[str, Any]) -> PrepareSettings:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    call = taskdir.parse_prepare_args(build_parser(), argv)
-    import torch
-
-    torch.set_num_threads(call.threads)
-    prepare(call.output_dir, settings_from_flags(call.flags), log=lambda m: print(m, flush=True), force=call.force)
-    return 0
+    return taskdir.run_prepare_command(build_parser(), settings_from_flags, prepare, argv)
 
 
 if __name__ == "__main__":
