@@ -6,18 +6,19 @@
     python benchmarks/bench_arith_comparison.py --log runs/arith_full.log   # one launcher run's summary
 
 The pre-registered comparison: every arm of :data:`ARMS` runs ``examples/cpu/common.sh`` with ``TASK=arith`` at the
-launcher's settings (its steps; greedy validation on the 1024 test questions before training, at ``test_freq`` and
-after the last step), seeds 0, 1 and 2 (``data.seed`` and the rollout's sampling seed), every arm of a seed before
-the next seed. ``group_ppo_prefix_tree`` is group_ppo with ``VALUE_SOURCE=prefix_tree`` (no critic; groups of the
+launcher's settings (its steps), validated greedily on the 1024 test questions after the last step only, seeds 0, 1
+and 2 (``data.seed`` and the rollout's sampling seed), every arm of a seed before the next seed. The validation
+before training is greedy from the same pretrained weights for every arm and seed, so it is measured once, by the
+sweep's first run :data:`START` (verl's ``trainer.val_only``), and shared. ``group_ppo_prefix_tree`` is group_ppo with ``VALUE_SOURCE=prefix_tree`` (no critic; groups of the
 spec's ``value_group_size`` tokens). Each finished run is kept as one JSON record (its command, seconds and the
 per-step metrics of :data:`KEEP`) under benchmarks/results/arith/comparison/, its log under runs/arith/comparison/;
 an interrupted sweep resumes at the first missing run.
 
 Per run (:func:`summarise`, shared by the records and ``--log``): validation accuracy per module (verl's
 ``val-core/<source>/reward/mean@1``) and pooled over the test questions (each module weighted by its question
-count), the answered rate (``val-aux/<source>/answered/mean@1``), the rise of pooled accuracy from step 0 to the end
-in binomial standard errors of the difference; the training reward ``critic/score/mean`` over the first and last
-:data:`WINDOW` steps and over all steps (area); verl's ``critic/vf_explained_var``, median over the second half of
+count), the answered rate (``val-aux/<source>/answered/mean@1``), the rise of pooled accuracy from step 0 (the
+start record's) to the end in binomial standard errors of the difference; the training reward
+``critic/score/mean`` over the first and last :data:`WINDOW` steps and over all steps (area); verl's ``critic/vf_explained_var``, median over the second half of
 the steps whose batch rewards differ (runs with a critic); mean ``timing_s/step`` (validation steps included). Pairs
 compare val after, reward over the last window and area seed by seed: win when every seed's difference is positive
 and the mean exceeds 2 paired SE, lose by the mirror rule, else level; no verdict before all planned seeds are in.
@@ -37,8 +38,10 @@ from verl_group_ppo.task_specs import ARITH
 
 RESULTS = os.path.join(REPO, "benchmarks", "results", "arith", "comparison")
 RUNS = os.path.join(REPO, "runs", "arith", "comparison")  # logs and checkpoints (not committed)
-STEPS, MIDDLE = ARITH.steps, ARITH.test_freq  # the launcher's own; the records are checked against STEPS
+STEPS = ARITH.steps  # the launcher's own; the records are checked against it
 SEEDS = (0, 1, 2)
+START = Run("start", 0)
+"""The sweep's first run: verl's validation of the pretrained model alone (no training step), every arm's step 0."""
 ARMS = {"group_ppo": ("group_ppo", ""), "gae": ("gae", ""), "grpo": ("grpo", ""),
         "group_ppo_prefix_tree": ("group_ppo", "prefix_tree")}
 """arm -> (launcher estimator, its VALUE_SOURCE; "" is the estimator's default)."""
@@ -59,15 +62,21 @@ KEEP = ("critic/score/", EV, "response_length/mean", "group/", "timing_s/", "act
 
 
 def sweep() -> Sweep:
-    return Sweep(RESULTS, tuple(plan([Run(arm, seed) for arm in ARMS for seed in SEEDS], list(ARMS))))
+    return Sweep(RESULTS, (START, *plan([Run(arm, seed) for arm in ARMS for seed in SEEDS], list(ARMS))))
 
 
 def launch(run: Run, work_dir: str) -> dict:
-    """:func:`benchlib.run_launcher`'s arguments for ``run`` (nothing runs)."""
-    estimator, value_source = ARMS[run.arm]
+    """:func:`benchlib.run_launcher`'s arguments for ``run`` (nothing runs): :data:`START` validates GRPO's actor
+    (no critic to build) before any step and stops; an arm trains its steps and validates after the last."""
     label = f"{run.arm}-seed{run.seed}"
-    return {"estimator": estimator, "steps": STEPS,
-            "overrides": [f"data.seed={run.seed}", f"actor_rollout_ref.rollout.seed={run.seed}",
+    if run == START:
+        estimator, value_source, steps = "grpo", "", 0
+        validation = ["trainer.val_before_train=True", "trainer.val_only=True"]
+    else:
+        (estimator, value_source), steps = ARMS[run.arm], STEPS
+        validation = ["trainer.val_before_train=False", f"trainer.test_freq={STEPS}"]
+    return {"estimator": estimator, "steps": steps,
+            "overrides": [f"data.seed={run.seed}", f"actor_rollout_ref.rollout.seed={run.seed}", *validation,
                           f"trainer.experiment_name=arith_comparison_{run.arm}_seed{run.seed}"],
             # VALUE_SOURCE is always set, so that no arm inherits one from the shell
             "env": {"TASK": "arith", "WORK_DIR": work_dir, "VALUE_SOURCE": value_source},
@@ -79,12 +88,16 @@ def run_one(run: Run, work_dir: str) -> dict:
     args = launch(run, work_dir)
     result = run_launcher(**args)
     steps = {str(s): {k: v for k, v in m.items() if k.startswith(KEEP)} for s, m in result.steps.items()}
-    return {"arm": run.arm, "estimator": args["estimator"], "seed": run.seed, "steps_planned": STEPS, "n_test": N_TEST,
-            "command": result.command, "seconds": round(result.seconds, 1), "steps": steps}
+    return {"arm": run.arm, "estimator": args["estimator"], "seed": run.seed, "steps_planned": args["steps"],
+            "n_test": N_TEST, "command": result.command, "seconds": round(result.seconds, 1), "steps": steps}
 
 
 def accept(record: dict) -> bool:
-    return record.get("steps_planned") == STEPS
+    """The start record validated step 0; an arm's record trained :data:`STEPS` steps and validated the last."""
+    validated = {int(s) for s, m in record.get("steps", {}).items() if all(VAL.format(src) in m for src in SOURCES)}
+    if record.get("arm") == START.arm:
+        return record.get("steps_planned") == 0 and validated == {0}
+    return record.get("steps_planned") == STEPS and STEPS in validated
 
 
 def avg(values) -> float:
@@ -129,16 +142,18 @@ def summarise(steps: dict[int, dict[str, float]], n_test: int = N_TEST) -> dict:
                            [s for s in trained if k in steps[s]]) for k in keys}}
 
 
-def figures(record: dict) -> dict:
-    """A record's :func:`summarise` with the report's keys (NaN for a step not validated)."""
+def figures(record: dict, start: dict | None) -> dict:
+    """A record's :func:`summarise` with the report's keys, its step 0 taken from the ``start`` record (NaN without
+    one, or for a step not validated)."""
     s = summarise({int(k): m for k, m in record["steps"].items()}, record.get("n_test", N_TEST))
+    s0 = summarise({int(k): m for k, m in start["steps"].items()}, start.get("n_test", N_TEST)) if start else None
 
-    def val(step: int, key: str) -> float:
-        return s["val"][step][key] if step in s["val"] else math.nan
+    def val(summary: dict | None, step: int, key: str) -> float:
+        return summary["val"][step][key] if summary and step in summary["val"] else math.nan
 
-    return {**s, "arm": record["arm"], "seed": record["seed"], "val_before": val(0, "pooled"),
-            "val_middle": val(MIDDLE, "pooled"), "val_after": val(STEPS, "pooled"),
-            "answered_before": val(0, "answered"), "answered_after": val(STEPS, "answered"),
+    return {**s, "arm": record["arm"], "seed": record["seed"], "val_before": val(s0, 0, "pooled"),
+            "val_after": val(s, STEPS, "pooled"), "answered_before": val(s0, 0, "answered"),
+            "answered_after": val(s, STEPS, "answered"),
             **{src: s["val"][STEPS]["modules"][src][0] if STEPS in s["val"] else math.nan for src in SOURCES},
             "step_s": s["timing"].get("timing_s/step", (math.nan,))[0]}
 
@@ -157,22 +172,23 @@ def report(records: list[dict] | None = None) -> str:
     """The arm, rise and pair tables of ``records`` (default: the kept ones) and the planned runs they lack."""
     if records is None:
         records = [r for _, r in sweep().records(accept)]
-    rows = [figures(r) for r in records]
-    done = {(r["arm"], r["seed"]) for r in rows}
+    start = next((r for r in records if r["arm"] == START.arm), None)
+    rows = [figures(r, start) for r in records if r is not start]
+    done = {(r["arm"], r["seed"]) for r in [*rows, *([start] if start else [])]}
     missing = [run for run in sweep().runs if (run.arm, run.seed) not in done]
-    out = [f"| arm | seeds | val before | val step {MIDDLE} | val after | "
+    out = ["| arm | seeds | val before | val after | "
            + " | ".join(f"after: {short(s)}" for s in SOURCES) + f" | answered before -> after | reward, first "
            f"{WINDOW} | reward, last {WINDOW} | area | EV (median, 2nd half) | s / step |",
-           "|---" * (len(SOURCES) + 11) + "|"]
+           "|---" * (len(SOURCES) + 10) + "|"]
     for arm in ARMS:
         mine = [r for r in rows if r["arm"] == arm]
         if not mine:
             continue
-        m = {k: avg(r[k] for r in mine) for k in ("val_before", "val_middle", "val_after", "answered_before",
+        m = {k: avg(r[k] for r in mine) for k in ("val_before", "val_after", "answered_before",
                                                    "answered_after", "first", "last", "area", "step_s", *SOURCES)}
         evs = [r["ev"] for r in mine if r["ev"] is not None]
         out.append(f"| {arm} | {', '.join(str(r['seed']) for r in mine)} | {m['val_before']:.3f} | "
-                   f"{m['val_middle']:.3f} | {m['val_after']:.3f} | " + " | ".join(f"{m[s]:.3f}" for s in SOURCES)
+                   f"{m['val_after']:.3f} | " + " | ".join(f"{m[s]:.3f}" for s in SOURCES)
                    + f" | {m['answered_before']:.2f} -> {m['answered_after']:.2f} | {m['first']:.3f} | "
                    f"{m['last']:.3f} | {m['area']:.3f} | {f'{avg(evs):+.2f}' if evs else '-'} | {m['step_s']:.1f} |")
     out += ["", "| run | val step 0 | val after | rise | binomial SE | rise / SE | > 2 SE |",
