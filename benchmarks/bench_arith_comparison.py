@@ -239,7 +239,7 @@ def log_report(text: str, n_test: int = N_TEST) -> str:
             out.append(f"| {key} | {len(logged)} | {value:.2f} | {value / step_s:.1%} |")
     if "timing_s/testing" in s["timing"]:
         value, logged = s["timing"]["timing_s/testing"]
-        out.append(f"\nvalidation (timing_s/testing, inside the step's time): {value:.1f} s at steps "
+        out.append(f"\nvalidation (timing_s/testing, outside timing_s/step): {value:.1f} s at steps "
                    f"{', '.join(map(str, logged))}")
     return "\n".join(out)
 
