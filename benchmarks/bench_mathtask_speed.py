@@ -99,14 +99,15 @@ def configs(spec: TaskSpec) -> dict[str, Levers]:
 
 def run_config(task: str, name: str, levers: Levers, steps: int, work_dir: str) -> dict:
     """One configuration's record: its levers, the command, wall seconds and each step's ``timing_s/*`` and
-    response length."""
+    response length. The launcher uses ``work_dir`` as it is (``PREPARE=0``): its own prepare would rebuild a
+    copy with fewer test questions at the task's defaults."""
     log = REPO / "runs" / f"bench-{TASKS[task][1]}" / f"{name}.log"
     overrides = [*levers.overrides(), "trainer.val_before_train=False", f"trainer.test_freq={steps}",
                  f"trainer.experiment_name=speed_{name}"]
     record = {"config": name, "levers": asdict(levers)}
     try:
         run = run_launcher("group_ppo", steps, overrides, log_path=log, checkpoint_dir=str(log.parent / "checkpoints"),
-                           env={"TASK": task, "WORK_DIR": work_dir, **levers.env()})
+                           env={"TASK": task, "WORK_DIR": work_dir, "PREPARE": "0", **levers.env()})
     except LauncherError as error:  # kept as a failed configuration: the sweep goes on
         return {**record, "failed": str(error).splitlines()[0], "log": portable(str(log))}
     keep = ("timing_s/", "response_length/mean", "critic/score/mean")
