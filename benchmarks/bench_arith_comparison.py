@@ -176,7 +176,12 @@ def report(records: list[dict] | None = None) -> str:
     rows = [figures(r, start) for r in records if r is not start]
     done = {(r["arm"], r["seed"]) for r in [*rows, *([start] if start else [])]}
     missing = [run for run in sweep().runs if (run.arm, run.seed) not in done]
-    out = ["| arm | seeds | val before | val after | "
+    out = []
+    if start:
+        s0 = summarise({int(k): m for k, m in start["steps"].items()}, start.get("n_test", N_TEST))["val"][0]
+        out += [f"start (every run's step 0): pooled {s0['pooled']:.3f}, answered {s0['answered']:.2f}; "
+                + ", ".join(f"{short(k)} {v[0]:.3f}" for k, v in s0["modules"].items()), ""]
+    out += ["| arm | seeds | val before | val after | "
            + " | ".join(f"after: {short(s)}" for s in SOURCES) + f" | answered before -> after | reward, first "
            f"{WINDOW} | reward, last {WINDOW} | area | EV (median, 2nd half) | s / step |",
            "|---" * (len(SOURCES) + 10) + "|"]

@@ -170,6 +170,7 @@ def test_pair_verdicts_win_level_and_missing_seeds_listed():
     assert row[2].endswith("(3 seeds, level)")  # reward, last 4: -0.01, 0, +0.01
     assert pair_row(text, "group_ppo-grpo").endswith("| n/a | n/a | n/a | grpo seed 0, grpo seed 1, grpo seed 2 |")
     assert pair_row(text, "gae seed 1").split(" | ")[1:4] == ["0.100", "0.200", "+0.100"]  # the start's step 0
+    assert text.startswith("start (every run's step 0): pooled 0.100, answered 0.90; mul_add 0.100, mul_sub 0.100")
     text = B.report([start_record(0.1), *gae, *ours[:2]])
     row = pair_row(text, "group_ppo-gae")
     assert "win" not in row and "no verdict" in row and row.endswith("| group_ppo seed 2 |")
