@@ -9,19 +9,21 @@ The pre-registered comparison: every arm of :data:`ARMS` runs ``examples/cpu/com
 launcher's settings (its steps), validated greedily on the 1024 test questions after the last step only, seeds 0, 1
 and 2 (``data.seed`` and the rollout's sampling seed), every arm of a seed before the next seed. The validation
 before training is greedy from the same pretrained weights for every arm and seed, so it is measured once, by the
-sweep's first run :data:`START` (verl's ``trainer.val_only``), and shared. ``group_ppo_prefix_tree`` is group_ppo with ``VALUE_SOURCE=prefix_tree`` (no critic; groups of the
-spec's ``value_group_size`` tokens). Each finished run is kept as one JSON record (its command, seconds and the
-per-step metrics of :data:`KEEP`) under benchmarks/results/arith/comparison/, its log under runs/arith/comparison/;
-an interrupted sweep resumes at the first missing run.
+sweep's first run :data:`START` (verl's ``trainer.val_only``), and shared. ``group_ppo_prefix_tree`` is group_ppo
+with ``VALUE_SOURCE=prefix_tree`` (no critic; groups of the spec's ``value_group_size`` tokens). Each finished run
+is kept as one JSON record (its command, seconds and the per-step metrics of :data:`KEEP`) under
+benchmarks/results/arith/comparison/, its log under runs/arith/comparison/; an interrupted sweep resumes at the
+first missing run.
 
 Per run (:func:`summarise`, shared by the records and ``--log``): validation accuracy per module (verl's
 ``val-core/<source>/reward/mean@1``) and pooled over the test questions (each module weighted by its question
-count), the answered rate (``val-aux/<source>/answered/mean@1``), the rise of pooled accuracy from step 0 (the
-start record's) to the end in binomial standard errors of the difference; the training reward
-``critic/score/mean`` over the first and last :data:`WINDOW` steps and over all steps (area); verl's ``critic/vf_explained_var``, median over the second half of
-the steps whose batch rewards differ (runs with a critic); mean ``timing_s/step`` (validation steps included). Pairs
-compare val after, reward over the last window and area seed by seed: win when every seed's difference is positive
-and the mean exceeds 2 paired SE, lose by the mirror rule, else level; no verdict before all planned seeds are in.
+count), the answered rate (``val-aux/<source>/answered/mean@1``), the rise of pooled accuracy from step 0 (the start
+record's) to the end in binomial standard errors of the difference; the training reward ``critic/score/mean`` over
+the first and last :data:`WINDOW` steps and over all steps (area); verl's ``critic/vf_explained_var``, median over
+the second half of the steps whose batch rewards differ (runs with a critic); mean ``timing_s/step`` (validation
+not included). Pairs compare val after, reward over the last window and area seed by seed: win when every seed's
+difference is positive and the mean exceeds 2 paired SE, lose by the mirror rule, else level; no verdict before all
+planned seeds are in.
 """
 
 from __future__ import annotations
@@ -136,17 +138,22 @@ def summarise(steps: dict[int, dict[str, float]], n_test: int = N_TEST) -> dict:
     late = [ev for s, ev in ev_steps if s > trained[-1] / 2
             and steps[s].get("critic/score/max", 1.0) > steps[s].get("critic/score/min", 0.0)]
     keys = sorted({k for s in trained for k in steps[s] if k.startswith("timing_s/")})
-    return {"n_test": n_test, "val": val, "first": avg(reward[:WINDOW]), "last": avg(reward[-WINDOW:]), "area": avg(reward),
+    return {"n_test": n_test, "val": val, "first": avg(reward[:WINDOW]), "last": avg(reward[-WINDOW:]),
+            "area": avg(reward),
             "ev_steps": ev_steps, "ev": (median(late) if late else math.nan) if ev_steps else None,
             "timing": {k: (avg(steps[s][k] for s in trained if k in steps[s]),
                            [s for s in trained if k in steps[s]]) for k in keys}}
 
 
-def figures(record: dict, start: dict | None) -> dict:
-    """A record's :func:`summarise` with the report's keys, its step 0 taken from the ``start`` record (NaN without
-    one, or for a step not validated)."""
-    s = summarise({int(k): m for k, m in record["steps"].items()}, record.get("n_test", N_TEST))
-    s0 = summarise({int(k): m for k, m in start["steps"].items()}, start.get("n_test", N_TEST)) if start else None
+def record_summary(record: dict) -> dict:
+    """:func:`summarise` of a kept record."""
+    return summarise({int(k): m for k, m in record["steps"].items()}, record.get("n_test", N_TEST))
+
+
+def figures(record: dict, s0: dict | None) -> dict:
+    """A record's :func:`summarise` with the report's keys, its step 0 taken from ``s0``, the start record's summary
+    (NaN without one, or for a step not validated)."""
+    s = record_summary(record)
 
     def val(summary: dict | None, step: int, key: str) -> float:
         return summary["val"][step][key] if summary and step in summary["val"] else math.nan
@@ -173,14 +180,15 @@ def report(records: list[dict] | None = None) -> str:
     if records is None:
         records = [r for _, r in sweep().records(accept)]
     start = next((r for r in records if r["arm"] == START.arm), None)
-    rows = [figures(r, start) for r in records if r is not start]
+    s0 = record_summary(start) if start else None
+    rows = [figures(r, s0) for r in records if r is not start]
     done = {(r["arm"], r["seed"]) for r in [*rows, *([start] if start else [])]}
     missing = [run for run in sweep().runs if (run.arm, run.seed) not in done]
     out = []
-    if start:
-        s0 = summarise({int(k): m for k, m in start["steps"].items()}, start.get("n_test", N_TEST))["val"][0]
-        out += [f"start (every run's step 0): pooled {s0['pooled']:.3f}, answered {s0['answered']:.2f}; "
-                + ", ".join(f"{short(k)} {v[0]:.3f}" for k, v in s0["modules"].items()), ""]
+    if s0:
+        v0 = s0["val"][0]
+        out += [f"start (every run's step 0): pooled {v0['pooled']:.3f}, answered {v0['answered']:.2f}; "
+                + ", ".join(f"{short(k)} {v[0]:.3f}" for k, v in v0["modules"].items()), ""]
     out += ["| arm | seeds | val before | val after | "
            + " | ".join(f"after: {short(s)}" for s in SOURCES) + f" | answered before -> after | reward, first "
            f"{WINDOW} | reward, last {WINDOW} | area | EV (median, 2nd half) | s / step |",

@@ -125,7 +125,8 @@ def summarize(record: dict) -> dict:
     in_steps = sum(m.get("timing_s/step", 0.0) + m.get("timing_s/testing", 0.0) for m in steps.values())
     responses = 4 * record["levers"]["prompts"]
     return {**{p: timing.get(f"timing_s/{p}", float("nan")) for p in PHASES if p != "testing"},
-            "per_response": timing["timing_s/step"] / responses, "testing_per_prompt": testing / record.get("n_test", 128),
+            "per_response": timing["timing_s/step"] / responses,
+            "testing_per_prompt": testing / record.get("n_test", 128),  # records before n_test was kept: 128
             "start_up": record["seconds"] - in_steps,
             "length": mean(m["response_length/mean"] for m in steps.values() if "response_length/mean" in m)}
 
