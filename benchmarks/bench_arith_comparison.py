@@ -37,6 +37,7 @@ from benchlib import REPO, Run, Sweep, cell, differences, plan, run_launcher, ru
 from verl_group_ppo.logs import parse_step_metrics
 from verl_group_ppo.mathtask.prepare import PrepareSettings
 from verl_group_ppo.task_specs import ARITH
+from verl_group_ppo.taskdir import KEY_FILE, read_key
 
 RESULTS = os.path.join(REPO, "benchmarks", "results", "arith", "comparison")
 RUNS = os.path.join(REPO, "runs", "arith", "comparison")  # logs and checkpoints (not committed)
@@ -85,13 +86,24 @@ def launch(run: Run, work_dir: str) -> dict:
             "log_path": os.path.join(RUNS, f"{label}.log"), "checkpoint_dir": os.path.join(RUNS, "checkpoints", label)}
 
 
+def prepared_n_test(work_dir: str) -> int:
+    """The test questions of the task prepared in ``work_dir``: its key file's ``n_test``."""
+    key = read_key(work_dir) or {}
+    if not isinstance(key.get("n_test"), int):
+        raise SystemExit(f"--work-dir {work_dir}: {KEY_FILE} is missing or has no n_test; prepare the task there "
+                         "with python -m verl_group_ppo.mathtask.prepare --output-dir WORK_DIR")
+    return key["n_test"]
+
+
 def run_one(run: Run, work_dir: str) -> dict:
-    """Run the launcher for ``run``; the record keeps the metrics of :data:`KEEP`."""
+    """Run the launcher for ``run`` (it prepares ``work_dir`` when needed); the record keeps the metrics of
+    :data:`KEEP` and the prepared task's ``n_test``."""
     args = launch(run, work_dir)
     result = run_launcher(**args)
     steps = {str(s): {k: v for k, v in m.items() if k.startswith(KEEP)} for s, m in result.steps.items()}
     return {"arm": run.arm, "estimator": args["estimator"], "seed": run.seed, "steps_planned": args["steps"],
-            "n_test": N_TEST, "command": result.command, "seconds": round(result.seconds, 1), "steps": steps}
+            "n_test": prepared_n_test(work_dir), "command": result.command, "seconds": round(result.seconds, 1),
+            "steps": steps}
 
 
 def accept(record: dict) -> bool:

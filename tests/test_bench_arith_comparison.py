@@ -144,7 +144,13 @@ def test_a_record_holds_no_machine_path_and_keeps_the_reports_metrics(tmp_path, 
 
     monkeypatch.setattr(benchlib.subprocess, "run", fake_run)
     monkeypatch.setattr(B, "RUNS", str(tmp_path / "runs"))
+    with pytest.raises(SystemExit, match="--work-dir .*data/prepare.json is missing or has no n_test"):
+        B.run_one(benchlib.Run("gae", 0), str(tmp_path / "work"))
+    calls.clear()
+    (tmp_path / "work" / "data").mkdir(parents=True)
+    (tmp_path / "work" / "data" / "prepare.json").write_text(json.dumps({"n_test": 512}))
     rec = B.run_one(benchlib.Run("group_ppo_prefix_tree", 1), str(tmp_path / "work"))
+    assert rec["n_test"] == 512  # the prepared task's, not the package default
     cmd, env = calls[0]
     assert cmd[2] == "group_ppo" and env["VALUE_SOURCE"] == "prefix_tree" and env["TASK"] == "arith"
     assert benchlib.machine_paths(rec) == [] and json.loads(json.dumps(rec)) == rec
