@@ -10,7 +10,9 @@ from verl_group_ppo_testutils_mathtask import write_tiny_gguf
 
 from verl_group_ppo.critic_readout import ScoredReplies, WarmupSettings, critic_values, heldout_explained_variance
 from verl_group_ppo.mathtask import checkpoint
+from verl_group_ppo.mathtask import evaluation
 from verl_group_ppo.mathtask.critic import sample_replies, warmup_step
+from verl_group_ppo.mathtask.task import ARITH_DATA_SOURCES, DATA_SOURCE
 
 
 @pytest.fixture(scope="module")
@@ -26,8 +28,8 @@ def replies(tiny_model) -> ScoredReplies:
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     policy = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
-    rows = [{"prompt": [{"role": "user", "content": q}], "reward_model": {"ground_truth": a}}
-            for q, a in (("12", "3"), ("7", "5"))]
+    rows = [{"prompt": [{"role": "user", "content": q}], "data_source": DATA_SOURCE,
+             "reward_model": {"ground_truth": a}} for q, a in (("12", "3"), ("7", "5"))]
     return sample_replies(policy, tokenizer, rows, samples=3, max_tokens=4, generator=torch.Generator().manual_seed(0))
 
 
@@ -55,6 +57,22 @@ def test_sampled_replies_are_scored_and_warmup_steps_fit_them(tiny_model, replie
     losses = [loss for _ in range(15) for loss in warmup_step(critic, optimizer, batch, updates=2)]
     assert len(losses) == 30 and losses[-1] < 0.2 * losses[0]
     assert heldout_explained_variance(critic, batch, batch_size=4).all > 0.5
+
+
+def test_replies_are_scored_by_the_reward_of_their_rows_data_source(tiny_model, monkeypatch):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    reply = "3 over 4 is \\frac{3}{4}"  # the final-number rule reads the LaTeX fraction; the two-way rule reads 4
+    ids = tuple(tokenizer(reply)["input_ids"])
+    monkeypatch.setattr(evaluation, "sample", lambda model, tok, messages, *args: [
+        ((1,), type("Completion", (), {"token_ids": ids})(), reply) for _ in messages])
+    rows = [{"prompt": [{"role": "user", "content": "q"}], "data_source": source,
+             "reward_model": {"ground_truth": "3/4"}} for source in (sorted(ARITH_DATA_SOURCES)[0], DATA_SOURCE)]
+    scored = sample_replies(None, tokenizer, rows, samples=2, max_tokens=8, generator=torch.Generator())
+    assert scored.scores.tolist() == [1.0, 1.0, 0.0, 0.0]
+    with pytest.raises(ValueError, match="data_source: 'other'"):
+        sample_replies(None, tokenizer, [{**rows[0], "data_source": "other"}], 1, 8, torch.Generator())
 
 
 def test_the_warmup_step_without_the_clip_is_the_recorded_figures_loss(tiny_model, replies):

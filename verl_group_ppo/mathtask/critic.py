@@ -18,18 +18,19 @@ import torch
 from verl_group_ppo.critic_readout import (ScoredReplies, WarmupSettings, lay_out, monte_carlo_returns,
                                            predict_values, warmup_update)
 
-from .answers import score_reply
+from .reward import compute_score
 
 
 def sample_replies(model: Any, tokenizer: Any, rows: Sequence[dict], samples: int, max_tokens: int,
                    generator: torch.Generator, batch_size: int = 64) -> ScoredReplies:
     """``samples`` replies (temperature 1, at most ``max_tokens``) to each of ``rows`` (verl's parquet rows:
-    ``prompt`` messages and ``reward_model.ground_truth``), scored by the task's reward."""
+    ``prompt`` messages, ``data_source`` and ``reward_model.ground_truth``), scored by the task's reward for the
+    row's ``data_source`` (:func:`~verl_group_ppo.mathtask.reward.compute_score`, as verl scores it)."""
     from .evaluation import sample
 
     items = [row for row in rows for _ in range(samples)]
     done = sample(model, tokenizer, [row["prompt"] for row in items], max_tokens, False, generator, batch_size)
-    scores = [score_reply(text, str(row["reward_model"]["ground_truth"])).score
+    scores = [compute_score(row["data_source"], text, str(row["reward_model"]["ground_truth"]))["score"]
               for row, (_, _, text) in zip(items, done)]
     return lay_out([prompt for prompt, _, _ in done], [c.token_ids for _, c, _ in done], scores,
                    int(tokenizer.pad_token_id))
