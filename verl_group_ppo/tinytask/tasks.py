@@ -28,8 +28,9 @@ Tasks
 from __future__ import annotations
 
 import random
+from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 ANSWER_MARK = "#"
 
@@ -260,3 +261,30 @@ def split_problems(task: Task, n_train: int, n_eval: int, seed: int = 1234) -> t
                     break
         offset += 1
     return train, evals
+
+
+def answer_is_right(response: str, problem: Problem, task: Task) -> float:
+    """1.0 when the text after ``response``'s last ``#`` is right by ``task``'s scorer, steps not graded (the tool
+    task's rule: its running totals are partly the tool's), else 0.0."""
+    answer = extract_answer(response)
+    return 1.0 if answer and task._score(answer, problem) >= 1.0 else 0.0
+
+
+def guessing_floor(task: Task, problems: Sequence[Problem], answer_only: bool = False) -> tuple[str, float]:
+    """The best constant response to ``problems`` and the share of them it solves: what a policy scores without
+    reading the prompt.
+
+    Graded by ``task.verify`` with ``check_work``, a response solves exactly the problems whose running totals and
+    answer it writes, so the best one is the most frequent worked solution; graded on the final answer alone
+    (``answer_only``, :func:`answer_is_right`, or a task without ``check_work``) it is ``#`` and the most frequent
+    answer. The share is measured by that grader over ``problems`` (the first solution seen wins a tie).
+    ValueError when ``problems`` is empty."""
+    if not problems:
+        raise ValueError("problems: give at least one problem")
+    by_answer = answer_only or not task.check_work
+    key = (lambda p: p.answer) if by_answer else (lambda p: p.solution)
+    best = Counter(key(p) for p in problems).most_common(1)[0][0]
+    response = f"{ANSWER_MARK}{best}" if by_answer else best
+    grade = (lambda p: answer_is_right(response, p, task)) if answer_only else (lambda p: task.verify(response, p))
+    return response, sum(grade(p) for p in problems) / len(problems)
+

@@ -30,7 +30,7 @@ import re
 import string
 from dataclasses import dataclass
 
-from .tasks import ANSWER_MARK, ChainSumTask, Problem, extract_answer
+from .tasks import ANSWER_MARK, ChainSumTask, Problem, answer_is_right
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 #: the tool-call format's name, as ``actor_rollout_ref.rollout.multi_turn.format`` names it
@@ -138,7 +138,4 @@ def score_transcript(transcript: str, problem: Problem, task: ChainSumTask) -> f
     """1.0 when the episode's final answer (the text after its last ``#``) is right by the chain task's scorer,
     else 0.0. ``transcript`` is the whole response as verl decodes it, tool replies included (they never hold
     ``#``); only the final answer is graded, since the running totals are partly the tool's."""
-    answer = extract_answer(transcript)
-    if not answer:
-        return 0.0
-    return 1.0 if task._score(answer, problem) >= 1.0 else 0.0
+    return answer_is_right(transcript, problem, task)
