@@ -287,4 +287,3 @@ def guessing_floor(task: Task, problems: Sequence[Problem], answer_only: bool = 
     response = f"{ANSWER_MARK}{best}" if by_answer else best
     grade = (lambda p: answer_is_right(response, p, task)) if answer_only else (lambda p: task.verify(response, p))
     return response, sum(grade(p) for p in problems) / len(problems)
-
