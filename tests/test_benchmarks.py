@@ -495,8 +495,10 @@ def test_the_critic_benchmark_runs_on_a_tiny_model(tmp_path, monkeypatch):
 
     checkpoint.convert(str(tmp_path / "task" / "model"), gguf_path=write_tiny_gguf(str(tmp_path / "tiny.gguf")),
                        log=lambda m: None, expected=False)
-    rows = [{"prompt": [{"role": "user", "content": q}], "reward_model": {"ground_truth": a}}
-            for q, a in (("12", "3"), ("7", "5"))]
+    from verl_group_ppo.mathtask.task import DATA_SOURCE
+
+    rows = [{"prompt": [{"role": "user", "content": q}], "data_source": DATA_SOURCE,
+             "reward_model": {"ground_truth": a}} for q, a in (("12", "3"), ("7", "5"))]
     (tmp_path / "task" / "data").mkdir()
     for split in ("train", "test"):
         pd.DataFrame(rows).to_parquet(tmp_path / "task" / "data" / f"{split}.parquet")

@@ -71,6 +71,9 @@ def test_replies_are_scored_by_the_reward_of_their_rows_data_source(tiny_model, 
              "reward_model": {"ground_truth": "3/4"}} for source in (sorted(ARITH_DATA_SOURCES)[0], DATA_SOURCE)]
     scored = sample_replies(None, tokenizer, rows, samples=2, max_tokens=8, generator=torch.Generator())
     assert scored.scores.tolist() == [1.0, 1.0, 0.0, 0.0]
+    with pytest.raises(ValueError, match="rows: row 1 has no data_source"):
+        sample_replies(None, tokenizer, [rows[0], {"prompt": rows[0]["prompt"], "reward_model": {"ground_truth": "1"}}],
+                       1, 8, torch.Generator())
     with pytest.raises(ValueError, match="data_source: 'other'"):
         sample_replies(None, tokenizer, [{**rows[0], "data_source": "other"}], 1, 8, torch.Generator())
 

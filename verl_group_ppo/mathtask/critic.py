@@ -28,6 +28,9 @@ def sample_replies(model: Any, tokenizer: Any, rows: Sequence[dict], samples: in
     row's ``data_source`` (:func:`~verl_group_ppo.mathtask.reward.compute_score`, as verl scores it)."""
     from .evaluation import sample
 
+    if lacking := [i for i, row in enumerate(rows) if "data_source" not in row]:
+        raise ValueError(f"rows: row {lacking[0]} has no data_source (verl's parquet rows carry one; it picks the "
+                         "reward)")
     items = [row for row in rows for _ in range(samples)]
     done = sample(model, tokenizer, [row["prompt"] for row in items], max_tokens, False, generator, batch_size)
     scores = [compute_score(row["data_source"], text, str(row["reward_model"]["ground_truth"]))["score"]
