@@ -266,6 +266,52 @@ def test_a_local_checkpoint_directory_is_copied_once_and_replaced_when_the_setti
     assert converted == [model_dir]
 
 
+def test_random_weights_fill_a_carried_folder_say_so_and_give_way_to_the_real_model(tmp_path, monkeypatch):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model_dir = _local_checkpoint(tmp_path / "model")
+    trained = AutoModelForCausalLM.from_pretrained(model_dir).state_dict()
+    (tmp_path / "model" / "model.safetensors").unlink()  # carried without its weights
+    logged = []
+    checkpoint.fill_random_weights(model_dir, seed=3, log=logged.append)
+    assert checkpoint.held_model(model_dir) == checkpoint.RANDOM_WEIGHTS and "RANDOM WEIGHTS" in logged[0]
+    filled = AutoModelForCausalLM.from_pretrained(model_dir).state_dict()
+    assert filled.keys() == trained.keys() and all(filled[k].shape == trained[k].shape for k in filled)
+    assert not all(torch.equal(filled[k], trained[k]) for k in filled)
+    checkpoint.main(["random-weights", model_dir, "--seed", "3"])  # the command line: same seed, same weights
+    again = AutoModelForCausalLM.from_pretrained(model_dir).state_dict()
+    assert all(torch.equal(again[k], filled[k]) for k in filled)
+    converted = []
+    monkeypatch.setattr(checkpoint, "convert", lambda output_dir, **kw: converted.append(output_dir))
+    checkpoint.ensure_model(model_dir, log=lambda m: None)  # prepare with the default model: converted over it
+    assert converted == [model_dir]
+    with pytest.raises(FileNotFoundError, match="^model_dir: "):
+        checkpoint.fill_random_weights(str(tmp_path / "empty"))
+
+
+@pytest.mark.slow
+def test_the_launcher_says_a_random_weight_model_is_timing_only(tmp_path):
+    import os
+    import subprocess
+    from pathlib import Path
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / checkpoint.SOURCE_FILE).write_text(json.dumps({"model": checkpoint.RANDOM_WEIGHTS}))
+    python = tmp_path / "python"  # the interpreter, except that verl's trainer is not started
+    python.write_text(f'#!/bin/bash\n[ "$2" = verl.trainer.main_ppo ] && exit 0\nexec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    launcher = Path(__file__).resolve().parents[1] / "examples" / "cpu" / "common.sh"
+    env = {**os.environ, "TASK": "arith", "WORK_DIR": str(tmp_path), "PREPARE": "0", "PYTHON": str(python)}
+    run = subprocess.run(["bash", str(launcher), "group_ppo"], env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "holds RANDOM WEIGHTS: a timing-only run" in run.stderr
+    (model / checkpoint.SOURCE_FILE).write_text(json.dumps({"model": checkpoint.DEFAULT_MODEL}))
+    run = subprocess.run(["bash", str(launcher), "group_ppo"], env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and "RANDOM WEIGHTS" not in run.stderr
+
+
 @pytest.mark.parametrize("bad", ["smollm2", "no/such/dir", "empty"])
 def test_a_bad_model_setting_is_refused_naming_the_argument(bad, tmp_path):
     if bad == "empty":

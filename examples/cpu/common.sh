@@ -179,6 +179,11 @@ case "${PREPARE:-1}" in
   0) ;;
   *) echo "common.sh: PREPARE='$PREPARE' must be 0 or 1" >&2; exit 2 ;;
 esac
+# a model folder given random weights for a timing-only run (python -m verl_group_ppo.mathtask.checkpoint
+# random-weights) says so at the top of the run's log
+if grep -qs '"random-weights"' "$WORK_DIR/model/verl_group_ppo_model.json"; then
+  echo "common.sh: $WORK_DIR/model holds RANDOM WEIGHTS: a timing-only run, every score in it is meaningless" >&2
+fi
 
 # Multi-turn: verl's ToolAgentLoop for every row (the rows name it too), the calculator as a function tool
 # (a file verl executes; it also registers the tinycalc call format), one call per turn.

