@@ -526,3 +526,41 @@ def test_run_pending_skips_a_run_another_worker_finished_meanwhile(tmp_path):
 
     assert lib.run_pending(sweep, run_one, log=lambda m: None) == 2  # three were pending when it started
     assert ran == [0, 1] and sweep.load(lib.Run("x", 2)) == {"by": "other"}
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# bench_gpu_runs: the CUDA runs' driver (its runs need a GPU; its inputs and records are checked here)
+
+
+@pytest.mark.parametrize("bad", ["tiny:group_ppo", "tiny:ppo:3", "tiny:gae:0", "nosuchtask:gae:2", "tiny:gae:x"])
+def test_the_gpu_runs_refuse_a_run_that_is_not_task_estimator_steps(bad):
+    gpu = _load("bench_gpu_runs")
+    with pytest.raises(ValueError, match="^--run: "):
+        gpu.parse_run(bad)
+    assert gpu.parse_run("arith:grpo:2") == ("arith", "grpo", 2)
+    assert all(gpu.parse_run(run) for run in gpu.DEFAULT_RUNS)
+
+
+def test_the_gpu_runs_record_a_failed_run_and_its_steps(tmp_path, monkeypatch):
+    gpu = _load("bench_gpu_runs")
+    log = ("NCCL INFO comm 0x5 rank 0 nRanks 1 nNodes 1 localRanks 1 localRank 0 MNNVL 0 - Init COMPLETE\n"
+           "step:1 - critic/score/mean:0.25 - timing_s/step:3.0 - timing_s/gen:1.0\n"
+           "step:2 - critic/score/mean:0.5 - timing_s/step:2.0 - timing_s/gen:0.5\nTraceback: boom\n")
+
+    def fake_run(command, **kwargs):
+        if command[0] == "bash":
+            return subprocess.CompletedProcess(command, 1, stdout=log, stderr="")
+        return subprocess.CompletedProcess(command, 0, stdout="", stderr="")
+
+    monkeypatch.setattr(gpu.subprocess, "run", fake_run)
+    work = tmp_path / "work"
+    (work / "model").mkdir(parents=True)
+    (work / "model" / "verl_group_ppo_model.json").write_text('{"model": "random-weights"}')
+    record = gpu.run_one("tiny", "gae", 2, work, tmp_path, timeout_s=10)
+    assert record["exit_status"] == 1 and record["random_weights"] is True
+    assert record["steps"]["2"]["critic/score/mean"] == 0.5 and record["timing_mean_after_first"]["timing_s/gen"] == 0.5
+    assert len(record["nccl"]) == 1 and record["last_lines"][-1] == "Traceback: boom"
+    assert "examples/cpu/run_tiny_gae.sh trainer.total_training_steps=2" in record["command"]
+    assert not os.path.isabs(record["work_dir"])
+    table = gpu.report(tmp_path)
+    assert "| tiny-gae | 1 |" in table and "| 2.00 | 0.50 |" in table and "| 0.500 | random |" in table
