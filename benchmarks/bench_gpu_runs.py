@@ -1,10 +1,12 @@
 """The launchers' tasks on a CUDA machine, a few steps each, with a record per run (docs/reproducing.md, "Air-gapped
 node").
 
-    python3 benchmarks/bench_gpu_runs.py --out DIR [--run TASK:ESTIMATOR:STEPS ...] [--timeout-s S]
+    python3 benchmarks/bench_gpu_runs.py --out DIR [--run TASK:ESTIMATOR:STEPS ...] [--override TASK:KEY=VALUE ...]
+        [--timeout-s S]
 
 Each run is ``DEVICE=cuda NCCL_DEBUG=INFO PREPARE=0 bash examples/cpu/run_<TASK>_<ESTIMATOR>.sh
-trainer.total_training_steps=STEPS`` on a task directory that is already prepared (``--work-dir TASK=DIR``, default
+trainer.total_training_steps=STEPS [OVERRIDES]`` (``--override``: Hydra overrides for one task's runs) on a task
+directory that is already prepared (``--work-dir TASK=DIR``, default
 the launcher's), with the hf rollout and sdpa attention (no vLLM, no flash-attn). For every run it writes
 ``DIR/<TASK>-<ESTIMATOR>.json``: the command (paths relative to the repository), the versions (Python, torch, CUDA,
 GPU, transformers, verl, ray), the exit status and wall time, whether the model held random weights (a timing-only
@@ -72,10 +74,12 @@ def random_weights(work_dir: Path) -> bool:
     return record.is_file() and json.loads(record.read_text()).get("model") == "random-weights"
 
 
-def run_one(task: str, estimator: str, steps: int, work_dir: Path | None, out: Path, timeout_s: float) -> dict:
-    """Run one launcher on CUDA; write its record and compressed log under ``out``; return the record."""
+def run_one(task: str, estimator: str, steps: int, work_dir: Path | None, out: Path, timeout_s: float,
+            overrides: tuple[str, ...] = ()) -> dict:
+    """Run one launcher on CUDA (Hydra ``overrides`` after the steps); write its record and compressed log under
+    ``out``; return the record."""
     launcher = f"examples/cpu/run_{task}_{estimator}.sh"
-    args = [f"trainer.total_training_steps={steps}"]
+    args = [f"trainer.total_training_steps={steps}", *overrides]
     env = {**os.environ, "DEVICE": "cuda", "NCCL_DEBUG": "INFO", "PREPARE": "0", "PYTHONUNBUFFERED": "1"}
     if work_dir is not None:
         env["WORK_DIR"] = str(work_dir)
@@ -137,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, help="a folder for the records and logs")
     parser.add_argument("--run", action="append", help=f"TASK:ESTIMATOR:STEPS (repeatable; default {DEFAULT_RUNS})")
+    parser.add_argument("--override", action="append", default=[],
+                        help="TASK:KEY=VALUE: a Hydra override for that task's runs (repeatable)")
     parser.add_argument("--work-dir", action="append", default=[], help="TASK=DIR: that task's prepared directory")
     parser.add_argument("--timeout-s", type=float, default=300, help="the most seconds one run may take")
     parser.add_argument("--report", type=Path, help="print the records in this folder as a table, and stop")
@@ -153,10 +159,17 @@ def main(argv: list[str] | None = None) -> int:
         if not sep or not Path(folder, "data", "train.parquet").is_file():
             raise ValueError(f"--work-dir: {text!r} is not TASK=DIR with DIR a prepared task (DIR/data/train.parquet)")
         work_dirs[task] = Path(folder).resolve()
+    overrides: dict[str, list[str]] = {}
+    for text in args.override:
+        task, sep, override = text.partition(":")
+        if not sep or "=" not in override:
+            raise ValueError(f"--override: {text!r} is not TASK:KEY=VALUE")
+        overrides.setdefault(task, []).append(override)
     args.out.mkdir(parents=True, exist_ok=True)
     print(json.dumps(versions()), flush=True)
     failed = [run for run in runs
-              if run_one(*run, work_dirs.get(run[0]), args.out, args.timeout_s)["exit_status"] != 0]
+              if run_one(*run, work_dirs.get(run[0]), args.out, args.timeout_s,
+                         tuple(overrides.get(run[0], ())))["exit_status"] != 0]
     return 1 if failed else 0
 
 

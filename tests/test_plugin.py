@@ -536,6 +536,53 @@ def test_validate_config_names_the_attention_override_when_the_critic_would_need
     assert validate_config(config=config, use_reference_policy=False, use_critic=True) == "verl ran"
 
 
+def _rows(path, sources):
+    import pandas as pd
+
+    pd.DataFrame({"data_source": sources, "prompt": ["x"] * len(sources)}).to_parquet(path)
+    return str(path)
+
+
+def test_validate_config_stops_a_run_whose_scorer_cannot_import_naming_the_extra(monkeypatch, tmp_path):
+    """verl's reward loop turns a scorer's ImportError into a score of 0 per response; the start-up check imports
+    what the rows' scorers need first, for any estimator, and names the extra that installs it."""
+    import importlib
+
+    from verl_group_ppo import reward
+    from verl_group_ppo.integration import checks
+    from verl_group_ppo.mathtask.task import ARITH_DATA_SOURCES
+    from verl_group_ppo.tinytask.reward import DATA_SOURCES as TINY
+
+    monkeypatch.setattr(checks, "check_accelerator", lambda config: None)
+    monkeypatch.setattr(checks, "_ray_started", lambda: False)
+    validate_config = checks.make_validate_config(lambda config, **kwargs: "verl ran")
+    tiny, arith = sorted(TINY)[0], sorted(ARITH_DATA_SOURCES)[0]
+    real_import = importlib.import_module
+
+    def no_reasoning_gym(name, *args):
+        if name.startswith("reasoning_gym"):
+            raise ModuleNotFoundError("No module named 'reasoning_gym'")
+        return real_import(name, *args)
+
+    monkeypatch.setattr(reward.importlib, "import_module", no_reasoning_gym)
+
+    def config(train, val, path=checks.REWARD_PATH):
+        return {"algorithm": {"adv_estimator": "grpo"}, "reward": {"custom_reward_function": {"path": path}},
+                "data": {"train_files": train, "val_files": val}}
+
+    tiny_rows = _rows(tmp_path / "tiny.parquet", [tiny, tiny])
+    arith_rows = _rows(tmp_path / "arith.parquet", [arith])
+    with pytest.raises(ImportError, match=r"reasoning_gym.*verl-group-ppo\[demo\]") as refused:
+        validate_config(config=config([arith_rows], tiny_rows), use_critic=False)
+    assert repr(tiny) in str(refused.value)
+    assert validate_config(config=config(arith_rows, [arith_rows]), use_critic=False) == "verl ran"
+    assert validate_config(config=config(tiny_rows, tiny_rows, path="my_reward.py"), use_critic=False) == "verl ran"
+    with pytest.raises(ValueError, match="^data_source: 'other'"):
+        validate_config(config=config(_rows(tmp_path / "other.parquet", ["other"]), []), use_critic=False)
+    monkeypatch.setattr(reward.importlib, "import_module", real_import)  # installed: the tiny rows pass
+    assert validate_config(config=config(tiny_rows, tiny_rows), use_critic=False) == "verl ran"
+
+
 # ----------------------------------------------------------------------------------------------------
 # value sources: no critic worker for mc and prefix_tree, and the start-up refusals
 

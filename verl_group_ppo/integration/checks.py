@@ -6,7 +6,9 @@ verl function (wrapped by the entry point)  what runs first for ``algorithm.adv_
 ``verl.trainer.ppo.utils.need_critic``      :func:`check_group_ppo_config` (config keys), then "critic on"
 ``verl.utils.config.validate_config``       :func:`check_accelerator` (only where Ray is not started yet),
                                             :func:`check_cpu_sequence_parallel` (CPU backend only); for any run
-                                            with a critic, ``check_critic_attention`` (flash-attn missing)
+                                            with a critic, ``check_critic_attention`` (flash-attn missing); for
+                                            any run scored by ``verl_group_ppo.reward``,
+                                            :func:`check_reward_scorers` (a scorer's module missing)
 ``verl.trainer.main_ppo.run_ppo``           :func:`check_entry_point` (refuses verl's fully_async and
                                             one_step_off_policy entry points)
 ==========================================  ====================================================================
@@ -229,6 +231,42 @@ def check_entry_point(task_runner_class: Any) -> None:
                 "trainer.v1.trainer_mode=colocate_async or separate_async.")
 
 
+#: the reward function path that selects this package's scorers
+REWARD_PATH = "pkg://verl_group_ppo.reward"
+
+
+def uses_package_reward(config: Any) -> bool:
+    """True when ``reward.custom_reward_function.path`` is :data:`REWARD_PATH` or the file ``verl_group_ppo/reward.py``."""
+    path = str(select(config, "reward.custom_reward_function.path", "") or "")
+    return path == REWARD_PATH or path.replace(os.sep, "/").endswith("verl_group_ppo/reward.py")
+
+
+def parquet_data_sources(paths: Any) -> set[str]:
+    """The ``data_source`` values of the parquet files ``paths`` (one path or a list; files that are missing or have
+    no ``data_source`` column are skipped: verl reports those itself)."""
+    import pyarrow.parquet as pq
+
+    found: set[str] = set()
+    for path in [paths] if isinstance(paths, str) else list(paths or []):
+        path = os.path.expanduser(str(path))
+        if not os.path.isfile(path) or "data_source" not in pq.read_schema(path).names:
+            continue
+        found.update(str(v) for v in pq.read_table(path, columns=["data_source"]).column(0).unique().to_pylist())
+    return found
+
+
+def check_reward_scorers(config: Any) -> None:
+    """For a run scored by this package's reward (:func:`uses_package_reward`): import what its rows' scorers need
+    (:func:`verl_group_ppo.reward.check_scorers` over the data sources of ``data.train_files`` and
+    ``data.val_files``), so that a missing module stops the run here instead of scoring every response 0."""
+    if not uses_package_reward(config):
+        return
+    from verl_group_ppo.reward import check_scorers
+
+    check_scorers(parquet_data_sources(select(config, "data.train_files"))
+                  | parquet_data_sources(select(config, "data.val_files")))
+
+
 def make_validate_config(original: Callable[..., Any]) -> Callable[..., Any]:
     """verl's ``validate_config`` with :func:`check_accelerator` and :func:`check_cpu_sequence_parallel` in front
     for ``group_ppo`` runs in a process that has not started Ray (inside Ray, a worker's visible devices say
@@ -243,6 +281,8 @@ def make_validate_config(original: Callable[..., Any]) -> Callable[..., Any]:
             from verl_group_ppo.cpu.valuehead import check_critic_attention
 
             check_critic_attention(config)
+        if not _ray_started():
+            check_reward_scorers(config)
         return original(config, *args, **kwargs)
 
     validate_config.verl_group_ppo_original = original  # type: ignore[attr-defined]
