@@ -33,6 +33,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from verl_group_ppo.logs import parse_step_metrics, timing_breakdown  # noqa: E402
+from verl_group_ppo.mathtask.checkpoint import RANDOM_WEIGHTS, held_model  # noqa: E402
 
 DEFAULT_RUNS = ("tiny:group_ppo:3", "tiny:gae:3", "arith:group_ppo:2")
 ESTIMATORS = ("group_ppo", "gae", "grpo")
@@ -69,9 +70,8 @@ def versions() -> dict[str, str]:
 
 
 def random_weights(work_dir: Path) -> bool:
-    """Whether ``work_dir/model`` records random weights (a timing-only run)."""
-    record = work_dir / "model" / "verl_group_ppo_model.json"
-    return record.is_file() and json.loads(record.read_text()).get("model") == "random-weights"
+    """Whether ``work_dir/model`` holds random weights (a timing-only run)."""
+    return held_model(str(work_dir / "model")) == RANDOM_WEIGHTS
 
 
 def run_one(task: str, estimator: str, steps: int, work_dir: Path | None, out: Path, timeout_s: float,

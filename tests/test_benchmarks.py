@@ -555,6 +555,7 @@ def test_the_gpu_runs_record_a_failed_run_and_its_steps(tmp_path, monkeypatch):
     monkeypatch.setattr(gpu.subprocess, "run", fake_run)
     work = tmp_path / "work"
     (work / "model").mkdir(parents=True)
+    (work / "model" / "config.json").write_text("{}")
     (work / "model" / "verl_group_ppo_model.json").write_text('{"model": "random-weights"}')
     record = gpu.run_one("tiny", "gae", 2, work, tmp_path, timeout_s=10)
     assert record["exit_status"] == 1 and record["random_weights"] is True
