@@ -34,8 +34,8 @@ Value sources, read at the same group starts and scored by their explained varia
 
 * ``prompt_mean``: the mean score of the prompt's n replies (GRPO's baseline) at every start; ``prompt_mean_loo``
   the mean of the prompt's other n - 1 replies.
-* ``prefix_tree``: :func:`verl_group_ppo.value_sources.prefix_tree_values`.
-* ``mc_K``: :func:`verl_group_ppo.value_sources.mc_boundary_values` with K continuations per inner start, drawn
+* ``prefix_tree``: :func:`verl_group_ppo.values.prefix_tree_values`.
+* ``mc_K``: :func:`verl_group_ppo.values.mc_boundary_values` with K continuations per inner start, drawn
   independently of the reference's (K in :data:`MC_KS`).
 * ``critic``: a value head on the warm start (verl's token-classification critic) trained by
   :func:`verl_group_ppo.critic_readout.warmup_update` on replies to ``--critic-prompts`` other training prompts x
@@ -461,7 +461,7 @@ def rule_record(rule_name: str, replies: Replies, starts: Any, v0_ref: np.ndarra
     """The record's figures for one rule (headroom, EV per source, tokens per reply)."""
     import torch
 
-    from verl_group_ppo.value_sources import mc_boundary_values, prefix_tree_values
+    from verl_group_ppo.values import mc_boundary_values, prefix_tree_values
 
     B = len(replies.scores)
     scores_t = torch.tensor(replies.scores, dtype=torch.float32)

@@ -248,7 +248,7 @@ def test_multiturn_prefix_tree_on_the_recorded_masks_counts_tool_replies_in_the_
     """value_source=prefix_tree on verl's real tool-loop rows: the tree is built over every position a reply has
     (tool replies included: they are part of the state), tool tokens still get no advantage, and a turn stays
     whole under the turn rule."""
-    from verl_group_ppo.value_sources import prefix_tree_values
+    from verl_group_ppo.values import prefix_tree_values
     from verl_group_ppo_testutils_reference import loop_prefix_tree_values
 
     records = recorded[:8]  # two prompts' replies: the loop reference is O(B^2 T^2)

@@ -1,6 +1,7 @@
 """Value sources through the GROUP-PPO trainer's advantage step, on a real TransferQueue: ``prefix_tree`` and ``mc``
-give the estimator the values of the loop references, no critic field is read or written, and ``mc`` samples its
-continuations in one batch through the rollout client (a stand-in here) and scores them with the run's function."""
+give the estimator the values of the loop references, no critic field is read or written, ``mc`` hands the estimator
+the groups its continuations were sampled from, and samples them in one batch through the rollout client (a
+stand-in here) and scores them with the run's function (:mod:`verl_group_ppo.values.mc_rollout`)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,11 @@ import torch
 import verl_group_ppo_testutils_integration as U
 from verl_group_ppo.config import read_algorithm_settings
 from verl_group_ppo.core_algos import compute_group_ppo_outputs, find_group_endpoints, group_start_mask
-from verl_group_ppo.integration import mc_rollout
 from verl_group_ppo.integration.critic_loss import CRITIC_WEIGHTS_KEY
+from verl_group_ppo.values import Prefix, mc_rollout
+from verl_group_ppo.values.mc import boundary_prefixes
 from verl_group_ppo_testutils_reference import loop_mc_boundary_values, loop_prefix_tree_values
+from verl_group_ppo_testutils_values import handed_endpoints  # noqa: F401 - a fixture
 
 PREFIX_TREE = ["++algorithm.group_params.value_source=prefix_tree"]
 MC = ["++algorithm.group_params.value_source=mc", "++algorithm.group_params.group_max_size=3",
@@ -49,7 +52,7 @@ def estimator_outputs(trainer, meta, values):
                                      old_log_probs=stored["old_log_probs"], threshold=1.0)
 
 
-def test_prefix_tree_values_reach_the_estimator_and_no_critic_field_is_stored(ray_tq):
+def test_prefix_tree_values_reach_the_estimator_and_no_critic_field_is_stored(ray_tq, handed_endpoints):
     trainer = U.make_trainer(PREFIX_TREE)
     assert not trainer.use_critic
     samples = shared_prefix_samples()
@@ -74,6 +77,7 @@ def test_prefix_tree_values_reach_the_estimator_and_no_critic_field_is_stored(ra
     assert torch.equal(stored["returns"], expected.returns)
     assert {k: metrics[k] for k in expected.metrics} == expected.metrics
     assert "group/mc_responses" not in metrics
+    assert handed_endpoints == [None]  # the estimator finds the groups
 
 
 class FakeClient:
@@ -105,7 +109,10 @@ def deterministic_score(data_source, solution_str, ground_truth, extra_info):
     return {"score": float(solution_str.split()[0] == "1"), "acc": 0.0}
 
 
-def mc_trainer(score_fn=deterministic_score):
+def mc_trainer(monkeypatch, score_fn=deterministic_score):
+    """The mc trainer with stand-ins for verl's rollout client, replicas and tokenizer, and ``score_fn`` as the run's
+    reward function."""
+    monkeypatch.setattr(mc_rollout, "reward_function", lambda config: score_fn)
     trainer = U.make_trainer(MC)
     client, calls = FakeClient(), []
     trainer.get_llm_client = lambda: client
@@ -114,12 +121,12 @@ def mc_trainer(score_fn=deterministic_score):
     trainer.tokenizer = FakeTokenizer()
     trainer.timing_raw = {}
     trainer.global_steps = 3
-    trainer._mc_score_fn = score_fn
     return trainer, client, calls
 
 
-def test_mc_samples_k_continuations_per_boundary_in_one_batch_and_gives_the_exact_value(ray_tq):
-    trainer, client, calls = mc_trainer()
+def test_mc_samples_k_continuations_per_boundary_in_one_batch_and_gives_the_exact_value(ray_tq, monkeypatch,
+                                                                                      handed_endpoints):
+    trainer, client, calls = mc_trainer(monkeypatch)
     assert not trainer.use_critic
     samples = shared_prefix_samples(seed=1)
     meta = U.put_samples(samples)
@@ -131,6 +138,8 @@ def test_mc_samples_k_continuations_per_boundary_in_one_batch_and_gives_the_exac
     stored = U.get_padded(out, ["response_mask", "responses", "rm_scores"])
     starts = group_start_mask(find_group_endpoints(torch.zeros_like(stored["rm_scores"]), stored["response_mask"],
                                                    boundary_rule="fixed", group_max_size=3), stored["response_mask"])
+    assert len(handed_endpoints) == 1 and torch.equal(handed_endpoints[0], find_group_endpoints(
+        torch.zeros_like(stored["rm_scores"]), stored["response_mask"], boundary_rule="fixed", group_max_size=3))
     later = starts.clone()
     later[:, 0] = False
     n_starts = int(later.sum())
@@ -139,7 +148,7 @@ def test_mc_samples_k_continuations_per_boundary_in_one_batch_and_gives_the_exac
     assert client.most_in_flight == len(client.requests)  # every request in flight at once: one batch
     assert metrics["group/mc_tokens"] == sum(1 + len(p) % 3 if 1 + len(p) % 3 <= sp["max_tokens"] else sp["max_tokens"]
                                              for p, sp in client.requests)
-    assert "group_mc" in trainer.timing_raw
+    assert {"group_mc", "group_mc_generate", "group_mc_score"} <= set(trainer.timing_raw)
 
     # each request is the prompt plus the reply up to its boundary, with the reply's remaining budget
     rows = later.nonzero().tolist()
@@ -169,9 +178,10 @@ def recording_score(seen: list):
     return score
 
 
-def test_mc_scores_through_the_runs_reward_function_as_verls_reward_loop_decodes(ray_tq):
+def test_mc_scores_through_the_runs_reward_function_as_verls_reward_loop_decodes(ray_tq, monkeypatch,
+                                                                               handed_endpoints):
     calls = []
-    trainer, client, _ = mc_trainer(recording_score(calls))
+    trainer, client, _ = mc_trainer(monkeypatch, recording_score(calls))
     samples = shared_prefix_samples(seed=2)
     trainer._compute_advantage(U.put_samples(samples), {})
     # the scored text is the reply's prefix followed by the continuation, without the prompt
@@ -184,13 +194,15 @@ def test_mc_scores_through_the_runs_reward_function_as_verls_reward_loop_decodes
     assert [c["solution_str"] for c in calls] == decoded
 
 
-def test_boundary_prefixes_leave_position_zero_to_the_prompt_mean():
+def test_boundary_prefixes_leave_position_zero_to_the_prompt_mean_and_requests_keep_the_replys_budget():
     starts = torch.tensor([[True, False, True, True], [True, True, False, False]])
     responses = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12]])
-    prefixes, rows = mc_rollout.boundary_prefixes([[1], [2, 3]], responses, starts, response_length=4)
-    assert rows == [0, 0, 1]
-    assert [(p.prompt_ids, p.reply_ids, p.max_tokens) for p in prefixes] == [
-        ([1], [5, 6], 2), ([1], [5, 6, 7], 1), ([2, 3], [9], 3)]
+    prefixes = boundary_prefixes([[1], [2, 3]], responses, starts, ["r0", "r1"])
+    assert [(p.row, p.prompt_ids, p.reply_ids, p.reward_input) for p in prefixes] == [
+        (0, [1], [5, 6], "r0"), (0, [1], [5, 6, 7], "r0"), (1, [2, 3], [9], "r1")]
+    requests = mc_rollout.continuation_requests(prefixes, response_length=4)
+    assert [(r.prompt_ids, r.max_tokens) for r in requests] == [([1, 5, 6], 2), ([1, 5, 6, 7], 1), ([2, 3, 9], 3)]
+    assert mc_rollout.continuation_requests(prefixes[1:2], response_length=2)[0].max_tokens == 1  # at least one
 
 
 def test_rollout_sampling_params_follow_the_rollouts():
@@ -205,14 +217,37 @@ def test_an_aborted_continuation_is_an_error():
         async def generate(self, request_id, *, prompt_ids, sampling_params):
             return SimpleNamespace(token_ids=[], stop_reason="aborted")
 
-    prefix = mc_rollout.Prefix(prompt_ids=[1], reply_ids=[2], max_tokens=3)
+    request = mc_rollout.Request(prompt_ids=[1, 2], max_tokens=3)
     with pytest.raises(RuntimeError, match="aborted"):
-        asyncio.run(mc_rollout.sample_continuations(Aborting(), [prefix], 2, {}))
+        asyncio.run(mc_rollout.sample_continuations(Aborting(), [request], 2, {}))
 
 
-def test_mc_without_an_extra_info_column_hands_the_reward_an_empty_one(ray_tq):
+def test_the_rollout_sampler_wakes_samples_sleeps_and_scores_in_that_order():
+    events = []
+
+    class Client:
+        async def generate(self, request_id, *, prompt_ids, sampling_params):
+            events.append("generate")
+            return SimpleNamespace(token_ids=[prompt_ids[-1]] * 2, stop_reason="completed")
+
+    def score(data_source, solution_str, ground_truth, extra_info):
+        events.append("score")
+        return float(solution_str == "5 6 6 6") + 10 * float(extra_info["row"])
+
+    config = U.compose_config(["actor_rollout_ref.rollout.response_length=8"])
+    sampler = mc_rollout.RolloutSampler(config=config, tokenizer=FakeTokenizer(), client=Client,
+                                        wake=lambda: events.append("wake"), sleep=lambda: events.append("sleep"),
+                                        score_fn=score)
+    info = mc_rollout.row_info(["toy"], [{"ground_truth": "1"}], [{"row": 1}])[0]
+    out = sampler([Prefix(row=0, prompt_ids=[1], reply_ids=[5, 6], reward_input=info),
+                   Prefix(row=0, prompt_ids=[1], reply_ids=[5], reward_input=info)], k=2)
+    assert events == ["wake"] + ["generate"] * 4 + ["sleep"] + ["score"] * 4
+    assert out.scores.tolist() == [[11.0, 11.0], [10.0, 10.0]] and out.tokens == 8
+
+
+def test_mc_without_an_extra_info_column_hands_the_reward_an_empty_one(ray_tq, monkeypatch, handed_endpoints):
     calls = []
-    trainer, client, _ = mc_trainer(recording_score(calls))
+    trainer, client, _ = mc_trainer(monkeypatch, recording_score(calls))
     samples = shared_prefix_samples(seed=3)
     for s in samples:
         del s["extra_info"]

@@ -1,11 +1,21 @@
-"""Values without a critic (verl_group_ppo.value_sources) against plain loops, and their reductions."""
+"""The boundary values (verl_group_ppo.values): the prefix tree and Monte Carlo means against plain loops and their
+reductions, the one function the trainer calls for every source, the fields it asks for, and the start-up limits."""
 
 from __future__ import annotations
+
+import ast
+import pathlib
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from verl_group_ppo.value_sources import mc_boundary_values, prefix_tree_values, shared_prefix_lengths
+import verl_group_ppo.values as values_pkg
+from verl_group_ppo.config import read_algorithm_settings
+from verl_group_ppo.core_algos import find_group_endpoints
+from verl_group_ppo.values import (BatchFields, Continuations, batch_fields, boundary_values,
+                                   check_value_source_config, fields_needed, mc_boundary_values, prefix_tree_values,
+                                   shared_prefix_lengths)
 from verl_group_ppo_testutils_reference import loop_mc_boundary_values, loop_prefix_tree_values
 
 
@@ -135,3 +145,193 @@ def test_mc_bad_inputs_name_the_argument():
         mc_boundary_values(starts, torch.zeros((2, 3)), torch.zeros(1), [0])
     with pytest.raises(ValueError, match="starts must be a"):
         mc_boundary_values(starts.int(), torch.zeros((1, 3)), torch.zeros(1), [0])
+
+
+# ------------------------------------------------------------------------------------------ boundary_values
+
+
+def settings_for(source: str, **group):
+    return read_algorithm_settings({"group_params": {"value_source": source, **group}})
+
+
+def small_batch(seed: int = 0) -> BatchFields:
+    """2 prompts x 3 replies over a 2-token vocabulary, replies of lengths 3..6 in a (6, 6) batch, one hole."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.tensor([6, 4, 3, 5, 6, 4])
+    exists = (torch.arange(6)[None, :] < lengths[:, None]).long()
+    mask = exists.clone()
+    mask[4, 2] = 0  # a tool observation: a position of the reply that is not trained
+    return BatchFields(response_mask=mask, reply_lengths=lengths,
+                       responses=torch.randint(1, 3, (6, 6), generator=g) * exists,
+                       scores=torch.randint(0, 2, (6,), generator=g).float(), uid=["a", "b", "a", "b", "a", "b"],
+                       prompts=[[9, row] for row in range(6)], reward_inputs=[f"row{row}" for row in range(6)])
+
+
+def test_the_critic_source_hands_the_critics_values_and_leaves_the_groups_to_the_estimator():
+    critic = torch.randn(6, 6)
+    out = boundary_values(settings_for("critic"), BatchFields(response_mask=torch.ones(6, 6), values=critic))
+    assert out.values is critic and out.endpoints is None and out.metrics == {}
+
+
+def test_the_prefix_tree_source_reads_each_replys_positions_from_its_length():
+    fields = small_batch()
+    responses = fields.responses.clone()
+    responses[4] = responses[0]  # replies 0 and 4 agree token for token; 4 has a hole (an untrained observation)
+    scores = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 1.0])
+    fields = BatchFields(**{**fields.__dict__, "responses": responses, "scores": scores})
+    out = boundary_values(settings_for("prefix_tree"), fields)
+    exists = (torch.arange(6)[None, :] < fields.reply_lengths[:, None]).long()  # the hole exists: it is state
+    want = loop_prefix_tree_values(fields.responses.tolist(), exists.tolist(), fields.scores.tolist(), fields.uid)
+    assert torch.allclose(out.values, torch.tensor(want)), (out.values, want)
+    assert out.endpoints is None and out.metrics == {}
+    # reading the mask in place of the lengths would cut reply 4 at its hole: a different tree
+    assert not torch.allclose(prefix_tree_values(fields.responses, fields.response_mask, fields.scores, fields.uid),
+                              out.values)
+
+
+class RecordingSampler:
+    """A ContinuationSampler that scores a continuation 1 when its prefix ends in token 1, and records its calls."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, prefixes, k):
+        self.calls.append((list(prefixes), k))
+        scores = torch.tensor([[float(p.reply_ids[-1] == 1)] * k for p in prefixes])
+        return Continuations(scores=scores, tokens=7 * k * len(prefixes))
+
+
+def test_mc_fixes_the_groups_samples_once_and_hands_the_endpoints_on():
+    fields, sampler = small_batch(seed=1), RecordingSampler()
+    out = boundary_values(settings_for("mc", group_max_size=2, mc_samples=3), fields, sampler=sampler)
+    want_ends = find_group_endpoints(torch.zeros(6, 6), fields.response_mask, boundary_rule="fixed", group_max_size=2)
+    assert torch.equal(out.endpoints, want_ends)
+    assert len(sampler.calls) == 1 and sampler.calls[0][1] == 3  # one batch of K = 3 for the whole step
+    prefixes = sampler.calls[0][0]
+    starts = [(p.row, len(p.reply_ids)) for p in prefixes]
+    assert starts == sorted(starts) and all(start > 0 for _, start in starts)  # row-major, position 0 left out
+    for p in prefixes:
+        assert p.prompt_ids == [9, p.row] and p.reward_input == f"row{p.row}"
+        assert p.reply_ids == fields.responses[p.row, :len(p.reply_ids)].tolist()
+    assert out.metrics == {"group/mc_responses": 3 * len(prefixes), "group/mc_tokens": 21 * len(prefixes)}
+    start_mask = [[False] * 6 for _ in range(6)]
+    for b in range(6):
+        start_mask[b][0] = True
+    for row, start in starts:
+        start_mask[row][start] = True
+    continuation = [[float(p.reply_ids[-1] == 1)] * 3 for p in prefixes]
+    want = loop_mc_boundary_values(start_mask, continuation, fields.scores.tolist(), fields.uid)
+    assert torch.equal(out.values, torch.tensor(want))
+
+
+def test_mc_groups_follow_the_low_prob_rule_on_the_old_log_probs():
+    fields = small_batch(seed=2)
+    log_probs = torch.zeros(6, 6)
+    log_probs[0, 3] = log_probs[3, 1] = -5.0  # two unlikely tokens: a group starts at each
+    fields = BatchFields(**{**fields.__dict__, "old_log_probs": log_probs})
+    sampler = RecordingSampler()
+    out = boundary_values(settings_for("mc", boundary_rule="low_prob", group_max_size=64), fields, sampler=sampler)
+    # a group starts at each unlikely token, and after reply 4's hole
+    assert [(p.row, len(p.reply_ids)) for p in sampler.calls[0][0]] == [(0, 3), (3, 1), (4, 3)]
+    assert out.endpoints[0, 2] and out.endpoints[3, 0] and out.endpoints[4, 1] and int(out.endpoints.sum()) == 6 + 3
+
+
+def test_mc_without_a_group_after_position_zero_samples_nothing():
+    fields, sampler = small_batch(), RecordingSampler()
+    out = boundary_values(settings_for("mc", group_max_size=64), BatchFields(
+        **{**fields.__dict__, "response_mask": (torch.arange(6) < 2).long().expand(6, 6).clone()}), sampler=sampler)
+    assert sampler.calls == [] and out.metrics == {"group/mc_responses": 0, "group/mc_tokens": 0}
+    assert out.values[:, 0].tolist() == [fields.scores[[0, 2, 4]].mean().item(), fields.scores[[1, 3, 5]].mean().item()] * 3
+
+
+def test_boundary_values_refusals_name_what_is_wrong():
+    fields = small_batch()
+    with pytest.raises(ValueError, match=r"algorithm\.group_params\.value_source='tree' has no boundary values"):
+        boundary_values(SimpleNamespace(group=SimpleNamespace(value_source="tree")), fields)
+    with pytest.raises(ValueError, match="sampler is required by value_source='mc'"):
+        boundary_values(settings_for("mc"), fields)
+    with pytest.raises(ValueError, match=r"fields\.values is required by value_source='critic'"):
+        boundary_values(settings_for("critic"), fields)
+    with pytest.raises(ValueError, match=r"fields\.prompts is required by value_source='mc'"):
+        boundary_values(settings_for("mc"), BatchFields(**{**fields.__dict__, "prompts": None}),
+                        sampler=RecordingSampler())
+
+
+@pytest.mark.parametrize("source, rule, required, optional", [
+    ("critic", None, ("response_mask", "values"), ()),
+    ("critic", "low_prob", ("response_mask", "values", "old_log_probs"), ()),
+    ("prefix_tree", None, ("response_mask", "responses", "rm_scores", "uid"), ()),
+    ("mc", None, ("response_mask", "responses", "rm_scores", "uid", "prompts", "data_source", "reward_model"),
+     ("extra_info",)),
+])
+def test_fields_needed_by_source(source, rule, required, optional):
+    needed = fields_needed(settings_for(source, **({"boundary_rule": rule} if rule else {})))
+    assert (needed.required, needed.optional) == (required, optional)
+
+
+def test_batch_fields_from_verls_stored_batch():
+    from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
+    rows = [{"response_mask": torch.tensor([1, 0, 1]), "responses": torch.tensor([4, 5, 6]),
+             "rm_scores": torch.tensor([0.0, 0.0, 1.0]), "prompts": torch.tensor([1, 2]), "uid": "u0",
+             "data_source": "toy", "reward_model": {"ground_truth": "7"}, "extra_info": {"i": 0}},
+            {"response_mask": torch.tensor([1]), "responses": torch.tensor([8]), "rm_scores": torch.tensor([0.5]),
+             "prompts": torch.tensor([3]), "uid": "u1", "data_source": "toy", "reward_model": {"ground_truth": "8"},
+             "extra_info": {"i": 1}}]
+    fields = batch_fields(list_of_dict_to_tensordict(rows))
+    assert fields.response_mask.tolist() == [[1, 0, 1], [1, 0, 0]]
+    assert fields.reply_lengths.tolist() == [3, 1] and fields.responses.tolist() == [[4, 5, 6], [8, 0, 0]]
+    assert fields.scores.tolist() == [1.0, 0.5] and fields.uid == ["u0", "u1"]
+    assert fields.prompts == [[1, 2], [3]] and fields.values is None and fields.old_log_probs is None
+    assert [(r.data_source, r.ground_truth, r.extra_info) for r in fields.reward_inputs] == [
+        ("toy", "7", {"i": 0}), ("toy", "8", {"i": 1})]
+
+
+# ------------------------------------------------------------------------------------------ start-up limits
+
+
+def run_config(source: str, n=None) -> dict:
+    rollout = {} if n is None else {"n": n}
+    return {"algorithm": {"group_params": {"value_source": source}}, "actor_rollout_ref": {"rollout": rollout}}
+
+
+@pytest.mark.parametrize("source", ["prefix_tree", "mc"])
+@pytest.mark.parametrize("n", [1, 0, None])
+def test_one_reply_per_prompt_is_refused_for_the_sources_that_read_the_others(source, n):
+    with pytest.raises(ValueError) as err:
+        check_value_source_config(run_config(source, n))
+    message = str(err.value)
+    assert message.startswith(f"actor_rollout_ref.rollout.n={1 if n is None else n}:")
+    assert f"algorithm.group_params.value_source={source}" in message
+
+
+@pytest.mark.parametrize("source, n", [("prefix_tree", 2), ("mc", 5), ("critic", 1), ("critic", None)])
+def test_enough_replies_or_a_critic_pass(source, n):
+    check_value_source_config(run_config(source, n))
+
+
+def test_the_refusal_reads_a_composed_verl_config():
+    from verl_group_ppo_testutils_integration import compose_config
+
+    base = ["algorithm.adv_estimator=group_ppo", "++algorithm.group_params.value_source=prefix_tree"]
+    with pytest.raises(ValueError, match=r"actor_rollout_ref\.rollout\.n=1"):
+        check_value_source_config(compose_config(base))
+    check_value_source_config(compose_config(base + ["actor_rollout_ref.rollout.n=4"]))
+
+
+# ------------------------------------------------------------------------------------------ the package's imports
+
+
+def test_the_pure_value_modules_import_no_verl_and_no_glue():
+    folder = pathlib.Path(values_pkg.__file__).parent
+    glue = {"verl_batch", "mc_rollout"}
+    for path in sorted(folder.glob("*.py")):
+        if path.stem in glue | {"__init__"}:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            for name in names:
+                assert name != "verl" and not name.startswith("verl."), (path.name, name)
+                assert not any(name.endswith(f".{g}") for g in glue), (path.name, name)
+                assert not name.startswith("verl_group_ppo.integration"), (path.name, name)

@@ -16,15 +16,15 @@ With any estimator other than ``group_ppo`` every method below hands straight to
 
   (one line in the log; its level follows ``VERL_LOGGING_LEVEL``, INFO by default, as verl's own lines).
 
-- ``_compute_advantage`` takes the boundary values from ``group_params.value_source`` (:meth:`_boundary_values`:
-  the critic's values from TransferQueue, the prompt's prefix tree, or ``mc``'s continuations through the rollout,
-  :mod:`~verl_group_ppo.integration.mc_rollout`), fetches old log-probs for the ``low_prob`` rule (and
-  ``loss_mask`` with a critic) and runs verl's own advantage step inside
-  :func:`~verl_group_ppo.integration.estimator.estimator_inputs`, so KL-in-reward, rollout correction
-  and the multi-trajectory handling stay verl's. It then stores the critic-loss weights next to the
-  advantages (a second ``kv_batch_put``, whose metadata it returns so the critic's micro-batches carry
-  them; only with a critic), updates the adaptive threshold and adds the core's ``group/*`` metrics. It runs in
-  every step, critic warm-up (``trainer.critic_warmup``) included: its returns are the critic's targets.
+- ``_compute_advantage`` fetches the fields the value source reads (:func:`verl_group_ppo.values.fields_needed`),
+  asks :func:`verl_group_ppo.values.boundary_values` once for the step's boundary values (lending it the run's rollout
+  for ``mc``'s continuations: :class:`~verl_group_ppo.values.mc_rollout.RolloutSampler`) and runs verl's own
+  advantage step inside :func:`~verl_group_ppo.integration.estimator.estimator_inputs`, with the values, the old
+  log-probs and, when the source fixed them, the group endpoints; so KL-in-reward, rollout correction and the
+  multi-trajectory handling stay verl's. It then stores the critic-loss weights next to the advantages (a second
+  ``kv_batch_put``, whose metadata it returns so the critic's micro-batches carry them; only with a critic), updates
+  the adaptive threshold and adds the source's and the core's ``group/*`` metrics. It runs in every step, critic
+  warm-up (``trainer.critic_warmup``) included: its returns are the critic's targets.
 - ``_setup`` installs the boundary critic loss after verl's setup installed verl's.
 - ``_save_checkpoint`` / ``_load_checkpoint`` save and restore the threshold with verl's checkpoints.
 - ``_log_rollout_data`` (verl calls it when ``trainer.rollout_data_dir`` is set) also writes
@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import torch
 import transfer_queue as tq
@@ -48,24 +48,23 @@ from verl.trainer.ppo.v1.trainer_colocate_async import PPOTrainerColocateAsync
 from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils.debug import marked_timer
-from verl.utils.ray_utils import auto_await
 from verl.workers.utils.padding import response_to_nested
 
 from verl_group_ppo.config import GROUP_PARAMS_PATH, AlgorithmSettings, read_algorithm_settings, select
-from verl_group_ppo.core_algos import (AdaptiveThreshold, GroupPPOOutputs, boundary_loss_weights,
-                                       find_group_endpoints, group_start_mask)
-from verl_group_ppo.integration import ESTIMATOR_NAME, checkpoint, mc_rollout, rollout_groups
+from verl_group_ppo import values
+from verl_group_ppo.core_algos import AdaptiveThreshold, GroupPPOOutputs, boundary_loss_weights
+from verl_group_ppo.integration import ESTIMATOR_NAME, checkpoint, rollout_groups
 from verl_group_ppo.integration.checks import is_group_ppo
 from verl_group_ppo.integration.critic_loss import CRITIC_WEIGHTS_KEY, make_critic_loss_fn
 from verl_group_ppo.integration.estimator import estimator_inputs
 from verl_group_ppo.integration.failures import guarded
-from verl_group_ppo.value_sources import mc_boundary_values, prefix_tree_values
+from verl_group_ppo.values import mc_rollout
 
 logger = logging.getLogger(__name__)
 logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "INFO"))  # as verl's trainer modules: INFO lines show
 
 DUMP_FIELDS = ["uid", "responses", "rm_scores"]
-"""What the groups dump reads from TransferQueue besides the estimator's inputs."""
+"""What the groups dump reads from TransferQueue besides the value source's fields."""
 
 
 class GroupPPOTrainerMixin:
@@ -77,7 +76,7 @@ class GroupPPOTrainerMixin:
         self.group_settings: Optional[AlgorithmSettings] = None
         self.group_threshold: Optional[AdaptiveThreshold] = None
         self._group_records: list[dict[str, Any]] = []
-        self._mc_score_fn: Optional[Any] = None
+        self._value_sampler: Optional[mc_rollout.RolloutSampler] = None
         if self.group_ppo_enabled:
             self.group_settings = read_algorithm_settings(config.algorithm)
             if self.use_critic != self.group_settings.group.uses_critic:
@@ -103,109 +102,62 @@ class GroupPPOTrainerMixin:
     # ------------------------------------------------------------------ advantage step
 
     def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
-        """verl's advantage step with the critic's values reaching the ``group_ppo`` estimator."""
+        """verl's advantage step with the boundary values reaching the ``group_ppo`` estimator."""
         if not self.group_ppo_enabled:
             return super()._compute_advantage(batch, metrics)
-        fetched = fetch_fields(batch, self._advantage_fields())
-        values, mc_starts = self._boundary_values(batch, fetched, metrics)
-        with estimator_inputs(values, fetched.get("old_log_probs"), threshold=self.group_threshold.value) as inputs:
+        needed = values.fields_needed(self.group_settings)
+        data = fetch(batch, [*needed.required, *self._own_fields()], optional=needed.optional)
+        fields = values.batch_fields(data)
+        boundary = values.boundary_values(self.group_settings, fields, sampler=self._sample_continuations)
+        metrics.update(boundary.metrics)
+        with estimator_inputs(boundary.values, fields.old_log_probs, threshold=self.group_threshold.value,
+                              endpoints=boundary.endpoints) as inputs:
             batch = super()._compute_advantage(batch, metrics)
         outputs: Optional[GroupPPOOutputs] = inputs.outputs
         if outputs is None:
             raise RuntimeError(
                 "verl's advantage step did not call the group_ppo estimator; this verl version routes "
                 "estimators differently from what verl-group-ppo supports (see docs/verl_integration.md).")
-        if mc_starts is not None and not torch.equal(outputs.critic_mask.bool(), mc_starts):
-            raise RuntimeError(
-                f"{GROUP_PARAMS_PATH}.value_source=mc: the estimator's groups differ from the boundaries the "
-                "continuations were sampled from (verl's advantage step handed the estimator another response_mask)")
         if self.use_critic:
-            weights = boundary_loss_weights(outputs.critic_mask, fetched["loss_mask"])
-            batch = store_per_token(batch, {CRITIC_WEIGHTS_KEY: weights}, fetched["nested_response_mask"])
+            weights = boundary_loss_weights(outputs.critic_mask, padded_field(data, "loss_mask"))
+            batch = store_per_token(batch, {CRITIC_WEIGHTS_KEY: weights}, data["response_mask"])
         self.group_threshold.update(outputs)
         metrics.update(outputs.metrics)
         if self._rollout_data_dir():
-            self._group_records.extend(self._records(batch, fetched, outputs, values))
+            self._group_records.extend(self._records(batch, data, fields, outputs, boundary.values))
         return batch
 
-    def _advantage_fields(self) -> list[str]:
-        group = self.group_settings.group
-        inputs = ["values", "loss_mask"] if group.uses_critic else ["responses", "rm_scores", "uid"]
-        fields = ["response_mask", *inputs]
-        if group.boundary_rule == "low_prob":
+    def _own_fields(self) -> list[str]:
+        """What the advantage step reads besides the value source's fields: ``loss_mask`` for the critic's
+        weights, ``old_log_probs`` for the ``low_prob`` rule, the groups dump's fields."""
+        fields = ["response_mask", *(["loss_mask"] if self.use_critic else [])]
+        if self.group_settings.group.boundary_rule == "low_prob":
             fields.append("old_log_probs")
-        fields += DUMP_FIELDS if self._rollout_data_dir() else []
-        return list(dict.fromkeys(fields))
+        return fields + (DUMP_FIELDS if self._rollout_data_dir() else [])
 
-    def _boundary_values(self, batch: KVBatchMeta, fetched: dict,
-                         metrics: dict) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """The (B, T) values the estimator reads, by ``group_params.value_source`` (docs/algorithm.md, "Value
-        sources"), and for ``mc`` the group starts the continuations were sampled from (else None)."""
-        group = self.group_settings.group
-        if group.value_source == "critic":
-            return fetched["values"], None
-        response_mask = fetched["response_mask"]
-        scores = fetched["rm_scores"].sum(dim=-1)
-        if group.value_source == "prefix_tree":
-            exists = reply_positions(fetched["nested_response_mask"], response_mask.shape[1])
-            return prefix_tree_values(fetched["responses"], exists, scores, fetched["uid"]), None
-        starts = group_start_mask(find_group_endpoints(
-            torch.zeros_like(response_mask, dtype=torch.float32), response_mask,
-            old_log_probs=fetched.get("old_log_probs"), gamma=self.group_settings.gamma,
-            group_max_size=group.group_max_size, group_epsilon=group.group_epsilon, boundary_rule=group.boundary_rule,
-            low_prob_threshold=group.low_prob_threshold), response_mask)
-        with marked_timer("group_mc", self.timing_raw):
-            continuation_scores, n_tokens = self._mc_continuations(batch, fetched["responses"], starts)
-        metrics["group/mc_responses"] = int(continuation_scores.numel())
-        metrics["group/mc_tokens"] = n_tokens
-        return mc_boundary_values(starts, continuation_scores, scores, fetched["uid"]), starts
+    def _sample_continuations(self, prefixes: Sequence[values.Prefix], k: int) -> values.Continuations:
+        """The run's rollout lent to the value sources (a :class:`~verl_group_ppo.values.ContinuationSampler`;
+        only ``mc`` calls it): K scored continuations of each prefix, the sampler made on first use."""
+        if self._value_sampler is None:
+            self._value_sampler = mc_rollout.RolloutSampler(
+                config=self.config, tokenizer=self.tokenizer, client=self.get_llm_client,
+                wake=lambda: self.checkpoint_manager.update_weights(self.global_steps),
+                sleep=lambda: self.checkpoint_manager.sleep_replicas(),
+                timer=lambda name: marked_timer(name, self.timing_raw))
+        return self._value_sampler(prefixes, k)
 
-    def _mc_continuations(self, batch: KVBatchMeta, responses: torch.Tensor,
-                          starts: torch.Tensor) -> tuple[torch.Tensor, int]:
-        """(S, K) scores of K continuations from every group start after position 0, and the tokens they took.
-
-        The sync trainer put the rollout replicas to sleep after sampling; they are woken with the same weights
-        (the actor has not updated yet) and put back to sleep after the continuations."""
-        fields = ["prompts", "data_source", "reward_model"]
-        try:
-            data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
-                                   select_fields=fields + ["extra_info"])
-            extra_info = data.get("extra_info").tolist()
-        except Exception:  # noqa: BLE001 - a dataset without an extra_info column: the reward gets {} (verl's default)
-            data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
-            extra_info = None
-        prompts = [row.tolist() for row in data["prompts"].unbind()]
-        info = mc_rollout.row_info(data.get("data_source").tolist(), data.get("reward_model").tolist(), extra_info)
-        response_length = int(select(self.config, "actor_rollout_ref.rollout.response_length"))
-        prefixes, rows = mc_rollout.boundary_prefixes(prompts, responses, starts, response_length)
-        k = self.group_settings.group.mc_samples
-        if not prefixes:
-            return torch.empty((0, k)), 0
-        with marked_timer("group_mc_generate", self.timing_raw):
-            self.checkpoint_manager.update_weights(self.global_steps)
-            try:
-                continuations = run_async(mc_rollout.sample_continuations(
-                    self.get_llm_client(), prefixes, k, mc_rollout.rollout_sampling_params(self.config)))
-            finally:
-                self.checkpoint_manager.sleep_replicas()
-        if self._mc_score_fn is None:
-            self._mc_score_fn = mc_rollout.reward_function(self.config)
-        with marked_timer("group_mc_score", self.timing_raw):
-            scores = mc_rollout.score_continuations(self._mc_score_fn, self.tokenizer, prefixes, continuations, rows,
-                                                    info)
-        return scores, sum(len(c) for samples in continuations for c in samples)
-
-    def _records(self, batch: KVBatchMeta, fetched: dict, outputs: GroupPPOOutputs,
-                 values: torch.Tensor) -> list[dict[str, Any]]:
+    def _records(self, batch: KVBatchMeta, data: Any, fields: values.BatchFields, outputs: GroupPPOOutputs,
+                 boundary_values: torch.Tensor) -> list[dict[str, Any]]:
         """This batch's groups-file records, over the valid tokens of the mask the estimator saw."""
         # as the estimator saw them: verl stores token_level_rewards only when the KL penalty rewrote them
         # (PPOTrainer._compute_advantage in verl's v1 trainer_base); else they are the rm_scores
         kl_in_reward = bool(select(self.config, "algorithm.use_kl_in_reward", False))
-        seen = fetch_fields(batch, ["response_mask"] + (["token_level_rewards"] if kl_in_reward else []))
-        rewards = seen["token_level_rewards"] if kl_in_reward else fetched["rm_scores"]
+        seen = fetch(batch, ["response_mask"] + (["token_level_rewards"] if kl_in_reward else []))
+        rm_scores = padded_field(data, "rm_scores")
+        rewards = padded_field(seen, "token_level_rewards") if kl_in_reward else rm_scores
         return rollout_groups.response_records(
-            self.global_steps, fetched["uid"], fetched["rm_scores"].sum(dim=-1), fetched["responses"],
-            seen["response_mask"], outputs, self.tokenizer, rewards, values)
+            self.global_steps, fields.uid, rm_scores.sum(dim=-1), fields.responses,
+            padded_field(seen, "response_mask"), outputs, self.tokenizer, rewards, boundary_values)
 
     def _rollout_data_dir(self) -> Optional[str]:
         return select(self.config, "trainer.rollout_data_dir")
@@ -262,31 +214,22 @@ def startup_line(trainer: str, trainer_mode: str, settings: AlgorithmSettings) -
 # TransferQueue I/O
 
 
-def fetch_fields(batch: KVBatchMeta, fields: list[str]) -> dict[str, Any]:
-    """The batch's stored ``fields`` right-padded to (B, T) as verl's advantage step sees them (``uid``
-    as a list of B strings), plus ``nested_response_mask`` when ``response_mask`` is fetched (the
-    layout per-token fields are stored back in)."""
-    data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
-    padded = data.to_padded_tensor()
-    out: dict[str, Any] = {name: padded[name] for name in fields if name != "uid"}
-    if "uid" in fields:
-        out["uid"] = [str(uid) for uid in padded.get("uid").tolist()]
-    if "response_mask" in fields:
-        out["nested_response_mask"] = data["response_mask"]
-    return out
+def fetch(batch: KVBatchMeta, fields: list[str], optional: Sequence[str] = ()) -> Any:
+    """The batch's stored ``fields`` (a ``TensorDict``, per-response fields jagged), with each of ``optional`` when
+    the batch stores it."""
+    fields = list(dict.fromkeys(fields))
+    wanted = fields + [name for name in optional if name not in fields]
+    if len(wanted) > len(fields):
+        try:
+            return tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=wanted)
+        except Exception:  # noqa: BLE001 - an optional column the dataset lacks (extra_info): fetch without it
+            pass
+    return tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
 
 
-def reply_positions(nested_mask: torch.Tensor, width: int) -> torch.Tensor:
-    """(B, width) 0/1: 1 at the positions each reply has (assistant tokens and tool observations), from the
-    per-row lengths of the stored (jagged) ``response_mask``."""
-    lengths = torch.tensor([len(row) for row in nested_mask.unbind()])
-    return (torch.arange(width)[None, :] < lengths[:, None]).long()
-
-
-@auto_await
-async def run_async(coroutine: Any) -> Any:
-    """Await ``coroutine`` from the driver's synchronous step (verl's ``auto_await`` picks the event loop)."""
-    return await coroutine
+def padded_field(data: Any, name: str) -> torch.Tensor:
+    """The stored per-token field ``name`` right-padded to (B, T), as verl's advantage step sees it."""
+    return data.to_padded_tensor()[name] if data[name].is_nested else data[name]
 
 
 def store_per_token(batch: KVBatchMeta, fields: dict[str, torch.Tensor], nested_mask: torch.Tensor) -> KVBatchMeta:
