@@ -22,6 +22,9 @@ from verl_group_ppo.core_algos import AdaptiveThreshold, compute_group_ppo_outpu
 from verl_group_ppo.integration.checkpoint import STATE_FILE
 from verl_group_ppo.integration.critic_loss import CRITIC_WEIGHTS_KEY, boundary_value_loss
 from verl_group_ppo.integration.trainer import GroupPPOTrainerMixin
+from verl_group_ppo_testutils_values import handed_endpoints  # noqa: F401 - a fixture
+
+pytestmark = pytest.mark.usefixtures("handed_endpoints")  # the trainer hands the estimator its groups' endpoints
 
 STORED = ["advantages", "returns"]
 ROLLOUT_CORRECTION = ["algorithm.rollout_correction.rollout_is=token",
@@ -61,7 +64,7 @@ def expected_weights(meta, critic_mask: torch.Tensor) -> torch.Tensor:
     ["algorithm.use_kl_in_reward=true", *ROLLOUT_CORRECTION],
     ["++algorithm.group_params.boundary_rule=low_prob", "++algorithm.group_params.adv_norm=prompt"],
 ], ids=["plain", "kl_in_reward", "kl_and_rollout_correction", "low_prob_prompt_norm"])
-def test_advantage_step_stores_exactly_the_core_outputs(ray_tq, overrides):
+def test_advantage_step_stores_exactly_the_core_outputs(ray_tq, overrides, handed_endpoints):
     trainer = U.make_trainer(overrides)
     samples = U.make_samples(seed=len(overrides))
     meta = U.put_samples(samples)
@@ -82,6 +85,7 @@ def test_advantage_step_stores_exactly_the_core_outputs(ray_tq, overrides):
         assert torch.equal(weights, expected.critic_loss_weights.float())
     assert {k: metrics[k] for k in expected.metrics} == expected.metrics
     assert metrics["group/threshold"] == 1.0
+    assert handed_endpoints == [None]  # with the critic's values the estimator finds the groups
     # verl's own steps ran on the way
     if "algorithm.use_kl_in_reward=true" in overrides:
         assert "actor/reward_kl_penalty" in metrics
