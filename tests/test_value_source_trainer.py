@@ -21,9 +21,10 @@ from verl_group_ppo.values.mc import boundary_prefixes
 from verl_group_ppo_testutils_reference import loop_mc_boundary_values, loop_prefix_tree_values
 from verl_group_ppo_testutils_values import handed_endpoints  # noqa: F401 - a fixture
 
-PREFIX_TREE = ["++algorithm.group_params.value_source=prefix_tree"]
+N = ["actor_rollout_ref.rollout.n=4"]  # the batches hold 4 replies per prompt
+PREFIX_TREE = ["++algorithm.group_params.value_source=prefix_tree", *N]
 MC = ["++algorithm.group_params.value_source=mc", "++algorithm.group_params.group_max_size=3",
-      "++algorithm.group_params.mc_samples=3", "actor_rollout_ref.rollout.response_length=16"]
+      "++algorithm.group_params.mc_samples=3", "actor_rollout_ref.rollout.response_length=16", *N]
 
 
 def shared_prefix_samples(seed: int = 0) -> list[dict]:
