@@ -29,7 +29,7 @@ def bench():
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory) -> str:
-    from verl_group_ppo.mathtask import checkpoint
+    from verl_group_ppo.tasks.maths import checkpoint
 
     directory = tmp_path_factory.mktemp("arith-critic")
     gguf = write_tiny_gguf(str(directory / "tiny.gguf"))

@@ -1,4 +1,4 @@
-"""The maths-question task (``verl_group_ppo.mathtask``): the sympy shim, the answer parser on real generated
+"""The maths-question task (``verl_group_ppo.tasks.maths``): the sympy shim, the answer parser on real generated
 questions, the split, the reward function, the GGUF conversion (on a tiny GGUF of the same layout), the model
 setting and ``prepare``."""
 
@@ -10,11 +10,11 @@ from fractions import Fraction
 
 import pytest
 
-from verl_group_ppo import taskdir
-from verl_group_ppo.mathtask import answers, checkpoint, questions, sympy_shim
-from verl_group_ppo.mathtask import prepare as prep
-from verl_group_ppo.reward import compute_score  # the one reward function, which hands these rows to mathtask.reward
-from verl_group_ppo.mathtask.task import DATA_SOURCE, PROMPTS, MathTask
+from verl_group_ppo.tasks import contract
+from verl_group_ppo.tasks.maths import answers, checkpoint, questions, sympy_shim
+from verl_group_ppo.tasks.maths import prepare as prep
+from verl_group_ppo.tasks.reward import compute_score  # the one reward function, which hands these rows to mathtask.reward
+from verl_group_ppo.tasks.maths.task import DATA_SOURCE, PROMPTS, MathTask
 from verl_group_ppo_testutils_mathtask import SPECIAL_TOKENS, write_tiny_gguf
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -358,12 +358,12 @@ def test_prepare_writes_the_rows_once_and_rebuilds_the_data_only_when_a_setting_
     assert questions[0] and not questions[0] & questions[1]
     assert info["test_accuracy"]["sampled"]["replies"] == 16 and 0.0 <= info["test_accuracy"]["greedy"]["correct"] <= 1
     assert 10 < info["longest_prompt"] <= settings.max_prompt_length
-    assert json.loads((tmp_path / taskdir.KEY_FILE).read_text())["settings"]["n_test"] == 8
-    assert taskdir.is_prepared(str(tmp_path), settings, prep.FORMAT_VERSION)
+    assert json.loads((tmp_path / contract.KEY_FILE).read_text())["settings"]["n_test"] == 8
+    assert contract.is_prepared(str(tmp_path), settings, prep.FORMAT_VERSION)
     prep.prepare(str(tmp_path), settings, log=lambda m: None)
     assert len(tiny_prepare) == 1  # nothing redone
     changed = twoway(**{**settings.__dict__, "n_test": 6})
-    assert not taskdir.is_prepared(str(tmp_path), changed, prep.FORMAT_VERSION)
+    assert not contract.is_prepared(str(tmp_path), changed, prep.FORMAT_VERSION)
     prep.prepare(str(tmp_path), changed, log=lambda m: None)
     assert len(tiny_prepare) == 1 and len(pd.read_parquet(tmp_path / "data" / "test.parquet")) == 6
 
@@ -376,7 +376,7 @@ def test_prepare_copies_a_local_model_and_keys_the_data_on_it(tiny_gguf, tmp_pat
     lines = []
     prep.prepare(str(tmp_path / "task"), settings, log=lines.append)
     assert checkpoint.held_model(str(tmp_path / "task" / "model")) == source
-    assert json.loads((tmp_path / "task" / taskdir.KEY_FILE).read_text())["settings"]["model"] == source
+    assert json.loads((tmp_path / "task" / contract.KEY_FILE).read_text())["settings"]["model"] == source
     assert any(line.startswith(f"[prepare] {source} on 4 test questions") for line in lines), lines
 
 
@@ -384,7 +384,7 @@ def test_prepare_stops_when_the_sampled_accuracy_is_outside_the_band(tiny_prepar
     settings = twoway(n_train=8, n_test=4, response_length=2, max_prompt_length=256, min_sampled_accuracy=0.5)
     with pytest.raises(RuntimeError, match=r"outside \[--min-sampled-accuracy 0.5, --max-sampled-accuracy 0.6\]"):
         prep.prepare(str(tmp_path), settings, log=lambda m: None)
-    assert not (tmp_path / taskdir.KEY_FILE).exists()
+    assert not (tmp_path / contract.KEY_FILE).exists()
 
 
 def test_prepare_refuses_prompts_longer_than_the_launchers_prompt_length(tiny_prepare, tmp_path):

@@ -1,4 +1,4 @@
-"""The maths-question task's held-out critic measurement (verl_group_ppo.mathtask.critic): sampled and scored
+"""The maths-question task's held-out critic measurement (verl_group_ppo.tasks.maths.critic): sampled and scored
 replies, and the warm-up step on a tiny converted model (the layout, the values and the explained variance are
 tests/test_critic_readout.py's)."""
 
@@ -9,10 +9,10 @@ import torch
 from verl_group_ppo_testutils_mathtask import write_tiny_gguf
 
 from verl_group_ppo.critic_readout import ScoredReplies, WarmupSettings, critic_values, heldout_explained_variance
-from verl_group_ppo.mathtask import checkpoint
-from verl_group_ppo.mathtask import evaluation
-from verl_group_ppo.mathtask.critic import sample_replies, warmup_step
-from verl_group_ppo.mathtask.task import ARITH_DATA_SOURCES, DATA_SOURCE
+from verl_group_ppo.tasks.maths import checkpoint
+from verl_group_ppo.tasks.maths import evaluation
+from verl_group_ppo.tasks.maths.critic import sample_replies, warmup_step
+from verl_group_ppo.tasks.maths.task import ARITH_DATA_SOURCES, DATA_SOURCE
 
 
 @pytest.fixture(scope="module")

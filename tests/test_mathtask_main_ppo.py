@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from verl_group_ppo.logs import parse_step_metrics
-from verl_group_ppo.task_specs import ARITH, TWOWAY
+from verl_group_ppo.tasks.maths.spec import ARITH, TWOWAY
 
 REPO = Path(__file__).resolve().parents[1]
 

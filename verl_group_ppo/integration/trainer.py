@@ -55,7 +55,7 @@ from verl_group_ppo.config import GROUP_PARAMS_PATH, AlgorithmSettings, read_alg
 from verl_group_ppo.core_algos import (AdaptiveThreshold, GroupPPOOutputs, boundary_loss_weights,
                                        find_group_endpoints, group_start_mask)
 from verl_group_ppo.integration import ESTIMATOR_NAME, checkpoint, mc_rollout, rollout_groups
-from verl_group_ppo.integration.checks import is_group_ppo
+from verl_group_ppo.integration.startup import is_group_ppo
 from verl_group_ppo.integration.critic_loss import CRITIC_WEIGHTS_KEY, make_critic_loss_fn
 from verl_group_ppo.integration.estimator import estimator_inputs
 from verl_group_ppo.integration.failures import guarded

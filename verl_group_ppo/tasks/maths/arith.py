@@ -1,7 +1,7 @@
 """Two- and three-step integer arithmetic with free-form answers, drawn reproducibly (the ``arith`` task's questions).
 
 Each module asks one expression over small integers and answers with one integer, so a reply is scored by its final
-number (:mod:`verl_group_ppo.mathtask.numeric`). The modules are built so that a model can reason in steps (a
+number (:mod:`verl_group_ppo.tasks.maths.numeric`). The modules are built so that a model can reason in steps (a
 product first, then a sum or a difference) and so that no constant answer is right often: every module's guessing
 floor, the share of the most frequent answer, is at most 0.02 (measured by :func:`~.numeric.guessing_floor`, tested).
 

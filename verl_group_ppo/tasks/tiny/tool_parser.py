@@ -2,9 +2,9 @@
 
 verl's ``ToolAgentLoop`` asks a registered ``ToolParser`` for the calls in each assistant turn. The tiny
 tool task writes a call of ``add(a, b)`` as the step's arithmetic between two markers,
-``<tool_call>11-3</tool_call>`` (:mod:`verl_group_ppo.tinytask.tooluse`): a few tokens for a 0.5M-parameter
+``<tool_call>11-3</tool_call>`` (:mod:`verl_group_ppo.tasks.tiny.tooluse`): a few tokens for a 0.5M-parameter
 model, where verl's ``hermes`` JSON would be dozens. :func:`register` adds the format to verl's registry;
-the tool file :mod:`verl_group_ppo.tinytask.calculator_tool` calls it, so every agent-loop worker that loads
+the tool file :mod:`verl_group_ppo.tasks.tiny.calculator_tool` calls it, so every agent-loop worker that loads
 the tool knows the format.
 """
 

@@ -1,15 +1,15 @@
-"""The maths-question task's reward, computed by verl through its own reward path.
+"""The maths-question task's reward: verl's score of one of its rows.
 
-verl's reward loop calls the package's one reward function, :func:`verl_group_ppo.reward.compute_score`
-(``reward.custom_reward_function.path=pkg://verl_group_ppo.reward``), for every response; it hands the rows whose
+verl's reward loop calls the package's one reward function, :func:`verl_group_ppo.tasks.reward.compute_score`
+(``reward.custom_reward_function.path=pkg://verl_group_ppo.tasks.reward``), for every response; it hands the rows whose
 ``data_source`` is one of :data:`DATA_SOURCES` to :func:`compute_score` here, which scores them with their variant's
-``score`` (:mod:`verl_group_ppo.mathtask.task`):
+``score`` (:mod:`verl_group_ppo.tasks.maths.task`):
 
 * ``arith`` rows (``verl_group_ppo/arith/<module>``, one data source per module): 1.0 when the reply's final number
-  equals the answer (:func:`~verl_group_ppo.mathtask.numeric.score_final_number`), with ``answered`` (the reply
+  equals the answer (:func:`~verl_group_ppo.tasks.maths.numeric.score_final_number`), with ``answered`` (the reply
   holds a number);
 * ``twoway`` rows (``verl_group_ppo/smollm2_math``): exact match of the last answer-shaped item
-  (:func:`~verl_group_ppo.mathtask.answers.score_reply`), with ``answered`` and ``bare`` (nothing but the answer).
+  (:func:`~verl_group_ppo.tasks.maths.answers.score_reply`), with ``answered`` and ``bare`` (nothing but the answer).
 
 The fields beside ``score`` go into verl's ``reward_extra_info`` and from there into its validation metrics, per data
 source (``val-aux/verl_group_ppo/arith/mul_add/answered/mean@1``): they tell a rise in reward that comes from the
@@ -24,6 +24,9 @@ from .task import ARITH_DATA_SOURCES, DATA_SOURCE, ArithTask, MathTask
 
 #: the ``data_source`` of every row the task writes
 DATA_SOURCES = frozenset([DATA_SOURCE]) | ARITH_DATA_SOURCES
+#: the scorers import nothing beyond verl-group-ppo's requirements
+SCORER_MODULES: tuple[str, ...] = ()
+SCORER_EXTRA = ""
 
 
 def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None,

@@ -2,17 +2,17 @@
 
 Point verl at this file (verl executes it as a file; it is not imported as a module)::
 
-    actor_rollout_ref.rollout.multi_turn.function_tool_path=$(python -c "import verl_group_ppo.tinytask.calculator_tool as m; print(m.__file__)")
+    actor_rollout_ref.rollout.multi_turn.function_tool_path=$(python -c "import verl_group_ppo.tasks.tiny.calculator_tool as m; print(m.__file__)")
     actor_rollout_ref.rollout.multi_turn.format=tinycalc
 
 Loading it registers the ``add`` tool and the ``tinycalc`` tool-call format
-(:mod:`verl_group_ppo.tinytask.tool_parser`) in the agent-loop worker. examples/cpu/common.sh sets both for
+(:mod:`verl_group_ppo.tasks.tiny.tool_parser`) in the agent-loop worker. examples/cpu/common.sh sets both for
 the multi-turn launchers.
 """
 
 from verl.tools.function_tool import function_tool
 
-from verl_group_ppo.tinytask import tool_parser, tooluse
+from verl_group_ppo.tasks.tiny import tool_parser, tooluse
 
 tool_parser.register()
 

@@ -1,6 +1,6 @@
 """The tiny tool-use task: the chain task where the model may call a calculator between its turns.
 
-Prompt and verifier are the chain task's (:class:`~verl_group_ppo.tinytask.tasks.ChainSumTask`): ``4+7-3+8=``,
+Prompt and verifier are the chain task's (:class:`~verl_group_ppo.tasks.tiny.problems.ChainSumTask`): ``4+7-3+8=``,
 reward 1 when the final answer after ``#`` is right. What changes is the response: it is an episode of
 assistant turns with tool replies in between. At each step of the chain the model either writes the
 running total itself (``11 ``) or ends its turn with a call of the ``add`` tool, written as the step's
@@ -18,8 +18,8 @@ does not: a noisy agent that calls the tool on some steps and slips on others, w
 to call it (:func:`scripted_episode`).
 
 This module is the task alone (text in, text out; no verl, no torch). verl's side: the function tool
-``add`` and the ``tinycalc`` tool-call format (:mod:`verl_group_ppo.tinytask.calculator_tool`,
-:mod:`verl_group_ppo.tinytask.tool_parser`); the model, tokenizer and data: :mod:`verl_group_ppo.tinytask.prepare`
+``add`` and the ``tinycalc`` tool-call format (:mod:`verl_group_ppo.tasks.tiny.calculator_tool`,
+:mod:`verl_group_ppo.tasks.tiny.tool_parser`); the model, tokenizer and data: :mod:`verl_group_ppo.tasks.tiny.prepare`
 with ``--tools``.
 """
 
@@ -30,7 +30,7 @@ import re
 import string
 from dataclasses import dataclass
 
-from .tasks import ANSWER_MARK, ChainSumTask, Problem, answer_is_right
+from .problems import ANSWER_MARK, ChainSumTask, Problem, answer_is_right
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 #: the tool-call format's name, as ``actor_rollout_ref.rollout.multi_turn.format`` names it

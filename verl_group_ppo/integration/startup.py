@@ -1,14 +1,16 @@
-"""Start-up checks for ``group_ppo`` runs, and the three verl functions they ride on.
+"""What the plugin runs in front of three verl start-up functions: the config checks of ``group_ppo`` runs and the
+launch checks of every run.
 
 ==========================================  ====================================================================
 verl function (wrapped by the entry point)  what runs first for ``algorithm.adv_estimator=group_ppo``
 ==========================================  ====================================================================
 ``verl.trainer.ppo.utils.need_critic``      :func:`check_group_ppo_config` (config keys), then "critic on"
-``verl.utils.config.validate_config``       :func:`check_accelerator` (only where Ray is not started yet),
-                                            :func:`check_cpu_sequence_parallel` (CPU backend only); for any run
-                                            with a critic, ``check_critic_attention`` (flash-attn missing); for
-                                            any run scored by ``verl_group_ppo.reward``,
-                                            :func:`check_reward_scorers` (a scorer's module missing)
+``verl.utils.config.validate_config``       ``check_accelerator`` (only where Ray is not started yet) and
+                                            ``check_cpu_sequence_parallel`` (CPU backend only), both of
+                                            :mod:`verl_group_ppo.cpu.checks`; for any run with a critic,
+                                            ``check_critic_attention`` (flash-attn missing); for any run scored
+                                            by ``verl_group_ppo.tasks.reward``, its ``check_reward_scorers``
+                                            (a scorer's module missing)
 ``verl.trainer.main_ppo.run_ppo``           :func:`check_entry_point` (refuses verl's fully_async and
                                             one_step_off_policy entry points)
 ==========================================  ====================================================================
@@ -24,14 +26,12 @@ from __future__ import annotations
 import functools
 import os
 import sys
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable
 
 from verl_group_ppo.config import GROUP_PARAMS_PATH, check_critic_loss_agg_mode, read_algorithm_settings, select
+from verl_group_ppo.cpu.checks import check_accelerator, check_cpu_sequence_parallel
 from verl_group_ppo.integration import ESTIMATOR_NAME
 from verl_group_ppo.integration.failures import raise_if_install_failed
-
-CPU_BACKEND_ENV = "VERL_PLATFORM"
-"""The environment variable that selects verl's platform; ``cpu`` selects the CPU backend."""
 
 UNSUPPORTED_ENTRY_POINTS = {
     "verl.experimental.fully_async_policy": "fully_async_policy",
@@ -145,74 +145,6 @@ def make_need_critic(original: Callable[[Any], bool]) -> Callable[[Any], bool]:
 # launch checks (validate_config, run_ppo)
 
 
-#: The Hydra override that makes verl's ``ray.init`` join a running cluster: verl's ppo_trainer config has no
-#: ``ray_kwargs.ray_init.address`` key, so the override adds it with ``+``.
-RAY_ADDRESS_OVERRIDE = "+ray_kwargs.ray_init.address"
-
-
-def check_accelerator(config: Any, environ: Optional[Mapping[str, str]] = None,
-                      accelerator_visible: Optional[Callable[[], bool]] = None) -> None:
-    """Refuse to start Ray on a machine where verl would wait for GPUs forever.
-
-    Passes when the CPU backend is selected (``VERL_PLATFORM=cpu``), when Ray joins an existing cluster
-    (``RAY_ADDRESS`` or ``+ray_kwargs.ray_init.address=HOST:PORT``: its accelerators may be on other machines), or
-    when verl's platform sees an accelerator (``accelerator_visible``, default verl's
-    ``is_device_available``). Raises RuntimeError otherwise.
-    """
-    environ = os.environ if environ is None else environ
-    if environ.get(CPU_BACKEND_ENV, "").strip().lower() == "cpu":
-        return
-    if environ.get("RAY_ADDRESS") or select(config, "ray_kwargs.ray_init.address"):
-        return
-    if (accelerator_visible or _verl_sees_an_accelerator)():
-        return
-    raise RuntimeError(
-        f"algorithm.adv_estimator={ESTIMATOR_NAME}: this machine has no accelerator visible to verl and verl's CPU "
-        f"backend is not selected, so Ray would wait for trainer.n_gpus_per_node="
-        f"{select(config, 'trainer.n_gpus_per_node', '?')} GPUs forever. Run on a machine with a GPU, join a "
-        f"Ray cluster that has them (RAY_ADDRESS=HOST:PORT or {RAY_ADDRESS_OVERRIDE}=HOST:PORT), or select "
-        f"the CPU backend with the environment variable {CPU_BACKEND_ENV}=cpu (see docs/cpu.md).")
-
-
-#: The keys that turn on verl's Ulysses sequence parallelism (the engine reads the actor's, ref's and critic's).
-ULYSSES_KEYS = (
-    "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
-    "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size",
-    "actor_rollout_ref.ref.ulysses_sequence_parallel_size",
-    "actor_rollout_ref.ref.fsdp_config.ulysses_sequence_parallel_size",
-    "critic.ulysses_sequence_parallel_size",
-    "critic.fsdp.ulysses_sequence_parallel_size",
-)
-
-
-def uses_cpu_backend(config: Any, environ: Optional[Mapping[str, str]] = None) -> bool:
-    """True when the run selects verl's CPU device (``trainer.device=cpu`` or ``VERL_PLATFORM=cpu``)."""
-    environ = os.environ if environ is None else environ
-    device = str(select(config, "trainer.device", "") or "").strip().lower()
-    return device == "cpu" or environ.get(CPU_BACKEND_ENV, "").strip().lower() == "cpu"
-
-
-def check_cpu_sequence_parallel(config: Any, environ: Optional[Mapping[str, str]] = None) -> None:
-    """Refuse Ulysses sequence parallelism (any of :data:`ULYSSES_KEYS` above 1) on the CPU backend (ValueError).
-
-    verl splits each sequence across the sequence-parallel ranks and exchanges attention heads with an
-    all-to-all placed around transformers' flash-attention function (``_ulysses_flash_attention_forward`` in
-    ``verl.models.transformers.monkey_patch``). flash-attn needs CUDA, so on CPU the model attends with SDPA,
-    which verl does not patch: each rank would attend over its own slice of the sequence only, and the run would
-    train on wrong log-probs and values without an error.
-    """
-    if not uses_cpu_backend(config, environ):
-        return
-    for key in ULYSSES_KEYS:
-        size = select(config, key, 1)
-        if size is not None and int(size) > 1:
-            raise ValueError(
-                f"{key}={size}: Ulysses sequence parallelism does not run on verl's CPU backend (trainer.device=cpu / "
-                f"{CPU_BACKEND_ENV}=cpu). verl exchanges attention heads inside transformers' flash-attention path, "
-                "and flash-attn needs CUDA; with SDPA on CPU each rank would attend over its own slice of the "
-                "sequence only. Set it to 1 on CPU (use it on GPUs with flash_attention_2).")
-
-
 def check_entry_point(task_runner_class: Any) -> None:
     """Refuse verl's ``fully_async_policy`` and ``one_step_off_policy`` entry points (ValueError).
 
@@ -231,46 +163,11 @@ def check_entry_point(task_runner_class: Any) -> None:
                 "trainer.v1.trainer_mode=colocate_async or separate_async.")
 
 
-#: the reward function path that selects this package's scorers
-REWARD_PATH = "pkg://verl_group_ppo.reward"
-
-
-def uses_package_reward(config: Any) -> bool:
-    """True when ``reward.custom_reward_function.path`` is :data:`REWARD_PATH` or the file ``verl_group_ppo/reward.py``."""
-    path = str(select(config, "reward.custom_reward_function.path", "") or "")
-    return path == REWARD_PATH or path.replace(os.sep, "/").endswith("verl_group_ppo/reward.py")
-
-
-def parquet_data_sources(paths: Any) -> set[str]:
-    """The ``data_source`` values of the parquet files ``paths`` (one path or a list; files that are missing or have
-    no ``data_source`` column are skipped: verl reports those itself)."""
-    import pyarrow.parquet as pq
-
-    found: set[str] = set()
-    for path in [paths] if isinstance(paths, str) else list(paths or []):
-        path = os.path.expanduser(str(path))
-        if not os.path.isfile(path) or "data_source" not in pq.read_schema(path).names:
-            continue
-        found.update(str(v) for v in pq.read_table(path, columns=["data_source"]).column(0).unique().to_pylist())
-    return found
-
-
-def check_reward_scorers(config: Any) -> None:
-    """For a run scored by this package's reward (:func:`uses_package_reward`): import what its rows' scorers need
-    (:func:`verl_group_ppo.reward.check_scorers` over the data sources of ``data.train_files`` and
-    ``data.val_files``), so that a missing module stops the run here instead of scoring every response 0."""
-    if not uses_package_reward(config):
-        return
-    from verl_group_ppo.reward import check_scorers
-
-    check_scorers(parquet_data_sources(select(config, "data.train_files"))
-                  | parquet_data_sources(select(config, "data.val_files")))
-
-
 def make_validate_config(original: Callable[..., Any]) -> Callable[..., Any]:
-    """verl's ``validate_config`` with :func:`check_accelerator` and :func:`check_cpu_sequence_parallel` in front
-    for ``group_ppo`` runs in a process that has not started Ray (inside Ray, a worker's visible devices say
-    nothing)."""
+    """verl's ``validate_config`` with ``check_accelerator`` and ``check_cpu_sequence_parallel``
+    (:mod:`verl_group_ppo.cpu.checks`) in front for ``group_ppo`` runs in a process that has not started Ray (inside
+    Ray, a worker's visible devices say nothing); the critic's attention check for a run with a critic, and the
+    scorers' check (:func:`verl_group_ppo.tasks.reward.check_reward_scorers`) for every run."""
 
     @functools.wraps(original)
     def validate_config(config: Any, *args: Any, **kwargs: Any) -> Any:
@@ -282,6 +179,8 @@ def make_validate_config(original: Callable[..., Any]) -> Callable[..., Any]:
 
             check_critic_attention(config)
         if not _ray_started():
+            from verl_group_ppo.tasks.reward import check_reward_scorers
+
             check_reward_scorers(config)
         return original(config, *args, **kwargs)
 
@@ -318,12 +217,6 @@ def _defining_module(cls: Any) -> str:
     if "verl" not in parts:
         return ""
     return ".".join(parts[len(parts) - 1 - parts[::-1].index("verl"):])
-
-
-def _verl_sees_an_accelerator() -> bool:
-    from verl.utils.device import is_device_available
-
-    return bool(is_device_available())
 
 
 def _ray_started() -> bool:

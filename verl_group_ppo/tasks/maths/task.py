@@ -11,7 +11,7 @@ verl trains on.
 
 Each task gives the verl rows (``data_source``, ``prompt`` as chat messages, ``reward_model.ground_truth``,
 ``extra_info``) and its ``score(reply, ground_truth)``, which verl's reward reaches through
-:func:`verl_group_ppo.mathtask.reward.compute_score`.
+:func:`verl_group_ppo.tasks.maths.reward.compute_score`.
 """
 
 from __future__ import annotations

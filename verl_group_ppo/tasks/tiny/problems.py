@@ -80,7 +80,7 @@ class Task:
     def noisy_solution(self, problem: Problem, rng: random.Random, slip_prob: float) -> str:
         """A worked solution in which each intermediate step slips with probability ``slip_prob``.
 
-        Used only by the warm start (see :mod:`verl_group_ppo.tinytask.warmstart`). Default: no slips.
+        Used only by the warm start (see :mod:`verl_group_ppo.tasks.tiny.warmstart`). Default: no slips.
         """
         return problem.solution
 
@@ -220,19 +220,20 @@ class ModChainTask(Task):
         return " ".join(totals) + " " + ANSWER_MARK + str(total)
 
 
-TASKS: dict[str, Callable[[], Task]] = {"chain_sum": ChainSumTask, "mod_chain": ModChainTask}
+#: the problem generators by name (the prepare setting ``task``; a row's data source names one)
+PROBLEM_SETS: dict[str, Callable[[], Task]] = {"chain_sum": ChainSumTask, "mod_chain": ModChainTask}
 
 
 def make_task(name: str, terms: tuple[int, int] | None = None) -> Task:
     """Task ``name`` with its default term counts, or ``terms = (min_terms, max_terms)`` terms per chain."""
-    if name not in TASKS:
-        raise ValueError(f"unknown task {name!r}; choose one of {sorted(TASKS)}")
+    if name not in PROBLEM_SETS:
+        raise ValueError(f"unknown task {name!r}; choose one of {sorted(PROBLEM_SETS)}")
     if terms is None:
-        return TASKS[name]()
+        return PROBLEM_SETS[name]()
     lo, hi = terms
     if not 2 <= lo <= hi:
         raise ValueError(f"terms must be MIN-MAX with 2 <= MIN <= MAX, got {lo}-{hi}")
-    return TASKS[name](min_terms=lo, max_terms=hi)
+    return PROBLEM_SETS[name](min_terms=lo, max_terms=hi)
 
 
 def parse_terms(text: str) -> tuple[int, int]:

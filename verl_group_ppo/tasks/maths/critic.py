@@ -25,7 +25,7 @@ def sample_replies(model: Any, tokenizer: Any, rows: Sequence[dict], samples: in
                    generator: torch.Generator, batch_size: int = 64) -> ScoredReplies:
     """``samples`` replies (temperature 1, at most ``max_tokens``) to each of ``rows`` (verl's parquet rows:
     ``prompt`` messages, ``data_source`` and ``reward_model.ground_truth``), scored by the task's reward for the
-    row's ``data_source`` (:func:`~verl_group_ppo.mathtask.reward.compute_score`, as verl scores it)."""
+    row's ``data_source`` (:func:`~verl_group_ppo.tasks.maths.reward.compute_score`, as verl scores it)."""
     from .evaluation import sample
 
     if lacking := [i for i, row in enumerate(rows) if "data_source" not in row]:

@@ -7,7 +7,7 @@ NumPy's and sympy's own (``numbers.is_prime`` draws primes with ``sympy.randprim
 (modules, difficulty, seed, count) tuple gives the same questions in every process. Questions longer than the
 dataset's own limits (160 characters, answers of 30) are dropped and redrawn, as its generator does.
 
-Only modules whose answers :mod:`verl_group_ppo.mathtask.answers` reads (a number, True/False or an option letter)
+Only modules whose answers :mod:`verl_group_ppo.tasks.maths.answers` reads (a number, True/False or an option letter)
 are offered (:data:`MODULES`); the ``*_composed`` modules also need a NumPy alias that NumPy 2 removed.
 """
 

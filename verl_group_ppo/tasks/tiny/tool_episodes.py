@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import torch
 
 from .model import Rollout, left_pad, sample
-from .tasks import ChainSumTask, Problem
+from .problems import ChainSumTask, Problem
 from .tooluse import Episode, add, parse_calls, score_transcript, scripted_episode
 
 

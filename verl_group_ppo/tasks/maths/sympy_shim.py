@@ -39,7 +39,7 @@ def install() -> None:
     if not callable(function):
         raise RuntimeError(
             f"sympy {sympy.__version__} has no {NAME} in {PACKAGE} or {SUBMODULE}: the shim that lets "
-            f"mathematics_dataset import (verl_group_ppo.mathtask.sympy_shim) needs updating for this sympy")
+            f"mathematics_dataset import (verl_group_ppo.tasks.maths.sympy_shim) needs updating for this sympy")
     setattr(package, NAME, function)
 
 
