@@ -34,7 +34,7 @@ from verl_group_ppo.tasks.tiny import chat, variants
 from verl_group_ppo.tasks.tiny import prepare as prep
 from verl_group_ppo import logs as summarize_log
 from verl_group_ppo.config import GroupParams
-from verl_group_ppo.tasks.reward import compute_score  # the one reward function, which hands these rows to tinytask.reward
+from verl_group_ppo.tasks.reward import compute_score  # the one reward function
 from verl_group_ppo.tasks.tiny.reward import data_source_for, task_for
 from verl_group_ppo.tasks.tiny.problems import make_task, split_problems
 

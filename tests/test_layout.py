@@ -190,22 +190,40 @@ def test_reachable_follows_imports_transitively():
     assert _reachable({"a": {"b"}, "b": {"c"}, "c": set(), "d": {"a"}}, "a") == {"b", "c"}
 
 
+def _own_import_graph() -> dict[str, set[str]]:
+    """:func:`_import_graph` less each module's edges to its parent packages: ``from .. import contract`` in a task
+    folder names the contract, and a package's parents load with it anyway (the task list in
+    ``verl_group_ppo/tasks/__init__.py`` loads every task), so the rules below are about what a module's own
+    statements import."""
+    return {name: {t for t in targets if t not in _parents_of_package(name)} for name, targets in _import_graph().items()}
+
+
 @pytest.mark.parametrize("package,forbidden", [
     # verl's only
-    ("verl_group_ppo.cpu", ("verl_group_ppo.demo", "verl_group_ppo.tasks.tiny", "verl_group_ppo.tasks.maths")),
+    ("verl_group_ppo.cpu", ("verl_group_ppo.demo", "verl_group_ppo.tasks")),
     ("verl_group_ppo.tasks.tiny", ("verl_group_ppo.demo", "verl_group_ppo.cpu", "verl_group_ppo.tasks.maths")),  # alone
     ("verl_group_ppo.tasks.maths", ("verl_group_ppo.demo", "verl_group_ppo.tasks.tiny", "verl_group_ppo.integration")),
+    # the tasks' room imports no verl glue
+    ("verl_group_ppo.tasks", ("verl_group_ppo.demo", "verl_group_ppo.integration")),
 ])
 def test_package_reaches_none_of_the_forbidden_ones(package, forbidden):
-    graph = _import_graph()
+    graph = _own_import_graph()
     for name in (m for m in graph if _in_package(m, package)):
         bad = {m for m in _reachable(graph, name) if any(_in_package(m, f) for f in forbidden)}
         assert not bad, f"{name} imports {sorted(bad)}"
 
 
+def test_the_parent_edges_are_dropped_and_nothing_else():
+    graph, own = _import_graph(), _own_import_graph()
+    assert "verl_group_ppo.tasks" in graph["verl_group_ppo.tasks.tiny.prepare"]  # `from .. import contract`
+    assert "verl_group_ppo.tasks" not in own["verl_group_ppo.tasks.tiny.prepare"]
+    assert "verl_group_ppo.tasks.contract" in own["verl_group_ppo.tasks.tiny.prepare"]
+    assert "verl_group_ppo.tasks.tiny.spec" in own["verl_group_ppo.tasks"]  # the task list
+
+
 def test_the_maths_task_uses_only_the_hf_samplers_module_of_the_cpu_backend():
     # prepare measures the model as the hf rollout samples; nothing else of the backend
-    graph = _import_graph()
+    graph = _own_import_graph()
     reached = {m for name in graph if _in_package(name, "verl_group_ppo.tasks.maths") for m in _reachable(graph, name)}
     assert {m for m in reached if _in_package(m, "verl_group_ppo.cpu")} == {"verl_group_ppo.cpu.generation"}
 
@@ -241,8 +259,8 @@ def test_importing_the_demo_loads_not_its_command_line():
 
 @pytest.mark.slow
 def test_the_reward_function_loads_neither_the_demo_nor_the_cpu_backend():
-    loaded = _modules_loaded_by("from verl_group_ppo.tasks.tiny.reward import compute_score")
-    assert "verl_group_ppo.tasks.tiny.reward" in loaded
+    loaded = _modules_loaded_by("from verl_group_ppo.tasks.reward import compute_score")
+    assert {"verl_group_ppo.tasks.tiny.reward", "verl_group_ppo.tasks.maths.reward"} <= loaded
     assert not {m for m in loaded if _in_package(m, "verl_group_ppo.demo") or _in_package(m, "verl_group_ppo.cpu")}
 
 

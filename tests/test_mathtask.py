@@ -13,7 +13,7 @@ import pytest
 from verl_group_ppo.tasks import contract
 from verl_group_ppo.tasks.maths import answers, checkpoint, questions, sympy_shim
 from verl_group_ppo.tasks.maths import prepare as prep
-from verl_group_ppo.tasks.reward import compute_score  # the one reward function, which hands these rows to mathtask.reward
+from verl_group_ppo.tasks.reward import compute_score  # the one reward function
 from verl_group_ppo.tasks.maths.task import DATA_SOURCE, PROMPTS, MathTask
 from verl_group_ppo_testutils_mathtask import SPECIAL_TOKENS, write_tiny_gguf
 
