@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from verl_group_ppo_testutils_mathtask import write_tiny_gguf
+from verl_group_ppo_testutils_maths import write_tiny_gguf
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO / "benchmarks") not in sys.path:

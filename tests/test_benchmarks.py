@@ -490,7 +490,7 @@ def test_critic_records_with_the_value_clip_are_kept_and_reported_apart():
 def test_the_critic_benchmark_runs_on_a_tiny_model(tmp_path, monkeypatch):
     """One seed, one warm-up step, on a tiny converted model and two questions: a record of the expected shape."""
     import pandas as pd
-    from verl_group_ppo_testutils_mathtask import write_tiny_gguf
+    from verl_group_ppo_testutils_maths import write_tiny_gguf
 
     from verl_group_ppo.tasks.maths import checkpoint
 

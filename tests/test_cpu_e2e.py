@@ -30,7 +30,7 @@ import pytest
 from verl_group_ppo_testutils_vllm import VLLM_SKIP_REASON, vllm_installed
 
 from verl_group_ppo.tasks import contract
-from verl_group_ppo.tasks.tiny import chat, variants
+from verl_group_ppo.tasks.tiny import chat, variants, warmstart
 from verl_group_ppo.tasks.tiny import prepare as prep
 from verl_group_ppo import logs as summarize_log
 from verl_group_ppo.config import GroupParams
@@ -150,7 +150,7 @@ def test_prepare_writes_outputs_and_skips_when_cached(tmp_path, monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("the warm start ran again although the outputs were cached")
 
-    monkeypatch.setattr(prep, "warm_start", fail)
+    monkeypatch.setattr(warmstart, "warm_start", fail)
     assert prep.prepare(str(tmp_path), settings, log=lambda m: None) == info
     with pytest.raises(AssertionError, match="ran again"):  # other settings: rebuilt
         prep.prepare(str(tmp_path), prep.PrepareSettings(warmstart_steps=3, warmstart_batch_size=8, n_train=100,

@@ -15,7 +15,7 @@ from verl_group_ppo.tasks.maths import answers, checkpoint, questions, sympy_shi
 from verl_group_ppo.tasks.maths import prepare as prep
 from verl_group_ppo.tasks.reward import compute_score  # the one reward function
 from verl_group_ppo.tasks.maths.task import DATA_SOURCE, PROMPTS, MathTask
-from verl_group_ppo_testutils_mathtask import SPECIAL_TOKENS, write_tiny_gguf
+from verl_group_ppo_testutils_maths import SPECIAL_TOKENS, write_tiny_gguf
 
 # ----------------------------------------------------------------------------------------------------------------------
 # the sympy shim

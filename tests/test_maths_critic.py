@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from verl_group_ppo_testutils_mathtask import write_tiny_gguf
+from verl_group_ppo_testutils_maths import write_tiny_gguf
 
 from verl_group_ppo.critic_readout import ScoredReplies, WarmupSettings, critic_values, heldout_explained_variance
 from verl_group_ppo.tasks.maths import checkpoint
