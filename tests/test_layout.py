@@ -190,14 +190,6 @@ def test_reachable_follows_imports_transitively():
     assert _reachable({"a": {"b"}, "b": {"c"}, "c": set(), "d": {"a"}}, "a") == {"b", "c"}
 
 
-def _own_import_graph() -> dict[str, set[str]]:
-    """:func:`_import_graph` less each module's edges to its parent packages: ``from .. import contract`` in a task
-    folder names the contract, and a package's parents load with it anyway (the task list in
-    ``verl_group_ppo/tasks/__init__.py`` loads every task), so the rules below are about what a module's own
-    statements import."""
-    return {name: {t for t in targets if t not in _parents_of_package(name)} for name, targets in _import_graph().items()}
-
-
 @pytest.mark.parametrize("package,forbidden", [
     # verl's only
     ("verl_group_ppo.cpu", ("verl_group_ppo.demo", "verl_group_ppo.tasks")),
@@ -207,23 +199,15 @@ def _own_import_graph() -> dict[str, set[str]]:
     ("verl_group_ppo.tasks", ("verl_group_ppo.demo", "verl_group_ppo.integration")),
 ])
 def test_package_reaches_none_of_the_forbidden_ones(package, forbidden):
-    graph = _own_import_graph()
+    graph = _import_graph()
     for name in (m for m in graph if _in_package(m, package)):
         bad = {m for m in _reachable(graph, name) if any(_in_package(m, f) for f in forbidden)}
         assert not bad, f"{name} imports {sorted(bad)}"
 
 
-def test_the_parent_edges_are_dropped_and_nothing_else():
-    graph, own = _import_graph(), _own_import_graph()
-    assert "verl_group_ppo.tasks" in graph["verl_group_ppo.tasks.tiny.prepare"]  # `from .. import contract`
-    assert "verl_group_ppo.tasks" not in own["verl_group_ppo.tasks.tiny.prepare"]
-    assert "verl_group_ppo.tasks.contract" in own["verl_group_ppo.tasks.tiny.prepare"]
-    assert "verl_group_ppo.tasks.tiny.spec" in own["verl_group_ppo.tasks"]  # the task list
-
-
 def test_the_maths_task_uses_only_the_hf_samplers_module_of_the_cpu_backend():
     # prepare measures the model as the hf rollout samples; nothing else of the backend
-    graph = _own_import_graph()
+    graph = _import_graph()
     reached = {m for name in graph if _in_package(name, "verl_group_ppo.tasks.maths") for m in _reachable(graph, name)}
     assert {m for m in reached if _in_package(m, "verl_group_ppo.cpu")} == {"verl_group_ppo.cpu.generation"}
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from verl_group_ppo.tasks import TASKS, contract, launcher, reward
+from verl_group_ppo.tasks import contract, launcher, reward
+from verl_group_ppo.tasks.registry import TASKS
 from verl_group_ppo.tasks.maths import spec as maths_spec
 from verl_group_ppo.tasks.tiny import spec as tiny_spec
 from verl_group_ppo.tasks.maths import prepare as maths_prepare
@@ -165,6 +166,11 @@ def test_the_one_reward_function_scores_every_tasks_rows_as_its_own_scorer_does(
 
 
 CONTRACT_FILES = ("__init__.py", "spec.py", "variants.py", "prepare.py", "reward.py")
+
+
+def test_the_tasks_package_imports_nothing_so_a_prepare_runs_as_main_alone():
+    tree = ast.parse((PACKAGE / "tasks" / "__init__.py").read_text())
+    assert [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom)) and n.module != "__future__"] == []
 
 
 def test_every_task_folder_has_the_contract_files_and_is_in_the_list_once():

@@ -4,7 +4,7 @@ holds and the prepare command line every task shares.
 A task is one folder under ``verl_group_ppo/tasks/`` with the same files:
 
 * ``spec.py``: its launcher runs (:class:`TaskSpec`, one per ``TASK``/``MULTI_TURN`` pair) and its :class:`Task`
-  record ``TASK``, which :data:`verl_group_ppo.tasks.TASKS` lists;
+  record ``TASK``, which :data:`verl_group_ppo.tasks.registry.TASKS` lists;
 * ``variants.py``: its variants, one :class:`Variant` record each in ``VARIANTS`` (by name), picked by the prepare
   settings' ``variant`` (``--variant``); a variant holds the settings whose defaults differ for it and what the
   task does differently for it;
@@ -123,7 +123,7 @@ class Variant:
 
 @dataclass(frozen=True)
 class Task:
-    """What the package knows of one task folder (its ``spec.TASK``): :data:`verl_group_ppo.tasks.TASKS` lists
+    """What the package knows of one task folder (its ``spec.TASK``): :data:`verl_group_ppo.tasks.registry.TASKS` lists
     these, and the launcher, the one reward function and its start-up check read nothing else."""
 
     name: str  # the folder under verl_group_ppo/tasks/

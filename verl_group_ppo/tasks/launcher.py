@@ -1,5 +1,5 @@
 """The CPU launcher's view of the tasks: ``TASK`` and ``MULTI_TURN`` pick one :class:`~.contract.TaskSpec` of
-:data:`SPECS` (every launcher run of every task in :data:`verl_group_ppo.tasks.TASKS`).
+:data:`SPECS` (every launcher run of every task in :data:`verl_group_ppo.tasks.registry.TASKS`).
 
     python -m verl_group_ppo.tasks.launcher shell TASK MULTI_TURN
 
@@ -15,7 +15,7 @@ import shlex
 import sys
 from typing import Sequence
 
-from . import TASKS
+from .registry import TASKS
 from .contract import TaskSpec
 from .reward import REWARD_PATH
 

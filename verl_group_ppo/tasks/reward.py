@@ -7,7 +7,7 @@ when the run sets::
     reward.custom_reward_function.name=compute_score
 
 A row names its task by its ``data_source`` (written by the task's ``prepare``), and :func:`compute_score` hands it
-to the scorer of the task in :data:`verl_group_ppo.tasks.TASKS` whose ``data_sources`` hold it: the tiny task's
+to the scorer of the task in :data:`verl_group_ppo.tasks.registry.TASKS` whose ``data_sources`` hold it: the tiny task's
 exact verifier (:func:`verl_group_ppo.tasks.tiny.reward.compute_score`, a float) or the maths-question task's
 final-answer match (:func:`verl_group_ppo.tasks.maths.reward.compute_score`, a dict whose ``score`` verl takes as the
 reward and whose other fields go into its ``reward_extra_info``).
@@ -27,7 +27,7 @@ from typing import Any, Iterable
 
 from verl_group_ppo.config import select
 
-from . import TASKS
+from .registry import TASKS
 from .contract import Task
 
 #: verl's ``reward.custom_reward_function.path`` of every task
@@ -37,7 +37,7 @@ REWARD_FILE = "verl_group_ppo/tasks/reward.py"
 
 
 def task_for(data_source: str) -> Task:
-    """The task of :data:`~verl_group_ppo.tasks.TASKS` whose rows carry ``data_source``; ValueError for none."""
+    """The task of :data:`~verl_group_ppo.tasks.registry.TASKS` whose rows carry ``data_source``; ValueError for none."""
     for task in TASKS:
         if data_source in task.data_sources:
             return task
