@@ -13,6 +13,7 @@ from verl_group_ppo.tasks.maths import spec as maths_spec
 from verl_group_ppo.tasks.maths import arith
 from verl_group_ppo.tasks.maths import prepare as maths_prepare
 from verl_group_ppo.tasks.maths import reward as maths_reward
+from verl_group_ppo.tasks.maths import variants as maths_variants
 from verl_group_ppo.tasks.maths.numeric import guessing_floor, score_final_number
 from verl_group_ppo.tasks.maths.task import (
     ARITH_DATA_SOURCES,
@@ -188,7 +189,7 @@ def test_prepare_defaults_are_the_arith_variant_and_twoway_changes_its_own():
     assert arith_settings.variant == "arith" and isinstance(arith_settings.task(), ArithTask)
     assert (arith_settings.n_test, arith_settings.response_length, arith_settings.min_answered) == (1024, 64, 0.9)
     twoway = maths_prepare.settings_from_flags({"variant": "twoway", "seed": None})
-    assert (twoway.modules, twoway.n_test, twoway.response_length) == (maths_prepare.TWOWAY_MODULES, 128, 16)
+    assert (twoway.modules, twoway.n_test, twoway.response_length) == (maths_variants.TWOWAY_MODULES, 128, 16)
     assert maths_prepare.settings_from_flags({"variant": "twoway", "n_test": 64}).n_test == 64
 
 

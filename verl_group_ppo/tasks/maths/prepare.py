@@ -32,7 +32,7 @@ from .. import contract
 from ..contract import setting
 from .checkpoint import DEFAULT_MODEL, model_source
 from .task import ArithTask, MathTask
-from .variants import ARITH_MODULES, ARITH_TEMPERATURE, TWOWAY_MODULES, VARIANTS
+from .variants import ARITH_MODULES, ARITH_TEMPERATURE, VARIANTS
 
 FORMAT_VERSION = 3
 
