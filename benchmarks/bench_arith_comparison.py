@@ -35,9 +35,9 @@ from statistics import mean, median
 
 from benchlib import REPO, Run, Sweep, cell, differences, plan, run_launcher, run_pending
 from verl_group_ppo.logs import parse_step_metrics
-from verl_group_ppo.mathtask.prepare import PrepareSettings
-from verl_group_ppo.task_specs import ARITH
-from verl_group_ppo.taskdir import KEY_FILE, read_key
+from verl_group_ppo.tasks.maths.prepare import PrepareSettings
+from verl_group_ppo.tasks.maths.spec import ARITH
+from verl_group_ppo.tasks.contract import KEY_FILE, read_key
 
 RESULTS = os.path.join(REPO, "benchmarks", "results", "arith", "comparison")
 RUNS = os.path.join(REPO, "runs", "arith", "comparison")  # logs and checkpoints (not committed)
@@ -91,7 +91,7 @@ def prepared_n_test(work_dir: str) -> int:
     key = read_key(work_dir) or {}
     if not isinstance(key.get("n_test"), int):
         raise SystemExit(f"--work-dir {work_dir}: {KEY_FILE} is missing or has no n_test; prepare the task there "
-                         "with python -m verl_group_ppo.mathtask.prepare --output-dir WORK_DIR")
+                         "with python -m verl_group_ppo.tasks.maths.prepare --output-dir WORK_DIR")
     return key["n_test"]
 
 

@@ -19,9 +19,9 @@ included, and ``num_labels=1`` is in the config; :func:`load_critic` reads the f
 ``AutoModelForTokenClassification`` and refuses one without the value head. The merger casts every weight to
 bfloat16 (the run trains in float32); both models are read back in float32.
 
-The replies are sampled from the saved actor as the run samples them (:func:`verl_group_ppo.mathtask.evaluation.
+The replies are sampled from the saved actor as the run samples them (:func:`verl_group_ppo.tasks.maths.evaluation.
 sample`, the ``hf`` rollout's sampler: the row's prompt messages through the chat template, the spec's temperature,
-at most the spec's reply length) and scored by the task's reward (:func:`verl_group_ppo.mathtask.reward.
+at most the spec's reply length) and scored by the task's reward (:func:`verl_group_ppo.tasks.maths.reward.
 compute_score` with the row's ``data_source``). The layout and the explained variance are
 :mod:`verl_group_ppo.critic_readout`'s (:func:`~verl_group_ppo.critic_readout.lay_out`,
 :func:`~verl_group_ppo.critic_readout.heldout_explained_variance`): over every reply token (verl's
@@ -99,11 +99,11 @@ def check_work_dir(work_dir: str) -> tuple[str, str]:
     model, test = os.path.join(work_dir, "model"), os.path.join(work_dir, "data", "test.parquet")
     if not os.path.isfile(os.path.join(model, "config.json")):
         raise SystemExit(f"--work-dir: {model} holds no model (the Hugging Face model actor and critic start from); "
-                         f"run bash examples/cpu/run_arith_group_ppo.sh or python -m verl_group_ppo.mathtask.prepare "
+                         f"run bash examples/cpu/run_arith_group_ppo.sh or python -m verl_group_ppo.tasks.maths.prepare "
                          f"--output-dir {work_dir} first")
     if not os.path.isfile(test):
         raise SystemExit(f"--work-dir: {test} is missing (the test split); run python -m "
-                         f"verl_group_ppo.mathtask.prepare --output-dir {work_dir} first")
+                         f"verl_group_ppo.tasks.maths.prepare --output-dir {work_dir} first")
     return model, test
 
 
@@ -155,7 +155,7 @@ def fresh_critic(model_dir: str, seed: int) -> Any:
 def score(row: dict, reply: str) -> dict[str, float]:
     """The task's reward dict of one reply to ``row`` (verl's reward path: the row's ``data_source`` and ground
     truth)."""
-    from verl_group_ppo.mathtask.reward import compute_score
+    from verl_group_ppo.tasks.maths.reward import compute_score
 
     return compute_score(row["data_source"], reply, str(row["reward_model"]["ground_truth"]))
 
@@ -168,7 +168,7 @@ def sample_held_out(actor: Any, tokenizer: Any, rows: Sequence[dict], samples: i
     progress to ``log``: (the replies laid out by
     :func:`~verl_group_ppo.critic_readout.lay_out`, one dict per reply: module, score, answered, finished, length)."""
     from verl_group_ppo.critic_readout import lay_out
-    from verl_group_ppo.mathtask.evaluation import sample
+    from verl_group_ppo.tasks.maths.evaluation import sample
 
     items = [row for row in rows for _ in range(samples)]
     prompts, replies, info = [], [], []
@@ -211,7 +211,7 @@ def measure(args: argparse.Namespace, log: Callable[[str], Any] = print) -> dict
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from verl_group_ppo.critic_readout import heldout_explained_variance
-    from verl_group_ppo.task_specs import ARITH
+    from verl_group_ppo.tasks.maths.spec import ARITH
 
     model_dir, test_path = check_work_dir(args.work_dir)
     estimator, step = check_checkpoint(args.checkpoint)

@@ -4,15 +4,15 @@
     python benchmarks/bench_arith_task_choice.py --report                      # the table from the kept records
 
 For every candidate module (free-form numeric answers, :data:`MODULES`: DeepMind's ``mathematics_dataset`` modules at
-``train-easy`` and the task's own two- and three-step generator, :mod:`verl_group_ppo.mathtask.arith`), prompt
+``train-easy`` and the task's own two- and three-step generator, :mod:`verl_group_ppo.tasks.maths.arith`), prompt
 (:data:`PROMPTS`, each inviting working and a final number; ``worked`` shows the module's worked example first) and
 sampling temperature (:data:`TEMPERATURES`):
 
 * the **guessing floor**: the best constant answer's share of 2000 generated questions
-  (:func:`verl_group_ppo.mathtask.numeric.guessing_floor`);
+  (:func:`verl_group_ppo.tasks.maths.numeric.guessing_floor`);
 * the model (the 4-bit GGUF converted once into WORK_DIR/model) sampled once per question, replies of at most 64
   tokens, on the first 64 of those questions, scored by the reply's final number
-  (:func:`~verl_group_ppo.mathtask.numeric.score_final_number`): the answered rate (replies holding a number), the
+  (:func:`~verl_group_ppo.tasks.maths.numeric.score_final_number`): the answered rate (replies holding a number), the
   sampled accuracy, the accuracy among answered replies, the replies that end at EOS, the replies that write
   ``Answer:``, the mean reply length, and the greedy accuracy on the same questions (what verl's validation
   measures).
@@ -41,7 +41,7 @@ DATASET_MODULES: tuple[str, ...] = (
     "arithmetic.mul_div_multiple", "arithmetic.nearest_integer_root",
     "numbers.div_remainder", "numbers.gcd", "numbers.lcm", "numbers.place_value", "numbers.round_number",
 )
-#: candidate modules of the task's own generator (:mod:`verl_group_ppo.mathtask.arith`): small integers, 2-3 steps
+#: candidate modules of the task's own generator (:mod:`verl_group_ppo.tasks.maths.arith`): small integers, 2-3 steps
 ARITH_MODULES: tuple[str, ...] = ("arith.mul_add", "arith.mul_sub", "arith.mul_add_mul", "arith.add_sub")
 MODULES: tuple[str, ...] = DATASET_MODULES + ARITH_MODULES
 DIFFICULTY, FLOOR_QUESTIONS, QUESTIONS, MAX_TOKENS, SEED = "train-easy", 2000, 64, 64, 0
@@ -67,7 +67,7 @@ def _working(module: str, question: str) -> list[dict[str, str]]:
 
 
 def _worked(module: str, question: str) -> list[dict[str, str]]:
-    from verl_group_ppo.mathtask.task import worked_messages
+    from verl_group_ppo.tasks.maths.task import worked_messages
 
     return worked_messages(module, question)
 
@@ -85,7 +85,7 @@ def offered(prompt: str, module: str) -> bool:
 
 def draw(module: str, count: int) -> list:
     """``count`` questions of ``module`` (:data:`DIFFICULTY` for the dataset's), seed :data:`SEED`."""
-    from verl_group_ppo.mathtask import arith, questions
+    from verl_group_ppo.tasks.maths import arith, questions
 
     if module in ARITH_MODULES:
         return arith.draw([module], count, SEED)
@@ -107,7 +107,7 @@ def summarise(replies: Sequence[str], truths: Sequence[str], finished: Sequence[
     """The sampled figures of one (module, prompt) from its replies (texts, ground truths, whether each ended at
     EOS, token counts; all of one length): answered, correct, correct_among_answered (0 when none answered),
     finished, tagged (holds ``Answer:``), mean_length and the reply count."""
-    from verl_group_ppo.mathtask.numeric import score_final_number
+    from verl_group_ppo.tasks.maths.numeric import score_final_number
 
     n = len(replies)
     if n == 0 or not len(truths) == len(finished) == len(lengths) == n:
@@ -151,7 +151,7 @@ def _replies(model, tokenizer, messages, temperature: float, batch_size: int) ->
     """(prompt ids, completion, text) per chat: greedy at temperature 0, else sampled from a seeded generator."""
     import torch
 
-    from verl_group_ppo.mathtask import evaluation
+    from verl_group_ppo.tasks.maths import evaluation
 
     generator = torch.Generator().manual_seed(SEED)
     greedy = temperature <= 0
@@ -162,8 +162,8 @@ def _replies(model, tokenizer, messages, temperature: float, batch_size: int) ->
 def measure_all(args: argparse.Namespace) -> None:
     import torch
 
-    from verl_group_ppo.mathtask import checkpoint, evaluation
-    from verl_group_ppo.mathtask.numeric import guessing_floor
+    from verl_group_ppo.tasks.maths import checkpoint, evaluation
+    from verl_group_ppo.tasks.maths.numeric import guessing_floor
 
     torch.set_num_threads(args.threads)
     wanted = [(p, m, t) for p in args.prompts for m in args.modules for t in args.temperatures if offered(p, m)]

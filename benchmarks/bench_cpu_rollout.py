@@ -29,7 +29,7 @@ import tempfile
 from pathlib import Path
 
 from benchlib import REPO, random_prompts, run_launcher, timed
-from verl_group_ppo.task_specs import TINY
+from verl_group_ppo.tasks.tiny.spec import TINY
 
 #: vLLM's rollout dtypes measured, short name -> verl's ``rollout.dtype`` (bfloat16: verl's default)
 DTYPES = {"fp32": "float32", "bf16": "bfloat16"}

@@ -3,7 +3,7 @@ verl's minutes): a cheap way to choose the CPU launcher's batch, steps and learn
 
     python benchmarks/bench_cpu_tiny_learning.py --work-dir runs/cpu-tiny --prompts 32 --steps 40 --seeds 0,1,2
 
-It loads ``WORK_DIR/model`` (made by ``python -m verl_group_ppo.tinytask.prepare``) with its BPE tokenizer and chat
+It loads ``WORK_DIR/model`` (made by ``python -m verl_group_ppo.tasks.tiny.prepare``) with its BPE tokenizer and chat
 template, rebuilds the same problem split, and runs :func:`verl_group_ppo.demo.rl.run_one` with the
 launcher's shape (``--prompts`` x 4 responses, one actor update per step, no KL, gamma = lam = 1, no lr or
 critic warm-up: verl's defaults). For each seed it prints the training reward over the first and the last
@@ -18,8 +18,8 @@ import statistics
 from pathlib import Path
 
 from benchlib import int_list, timed
-from verl_group_ppo import taskdir
-from verl_group_ppo.task_specs import TINY
+from verl_group_ppo.tasks import contract
+from verl_group_ppo.tasks.tiny.spec import TINY
 
 
 def main(argv=None) -> int:
@@ -38,15 +38,16 @@ def main(argv=None) -> int:
         raise SystemExit(f"--steps: need at least 20 (two 10-step windows), got {args.steps}")
     if args.prompts < 1:
         raise SystemExit(f"--prompts: must be >= 1, got {args.prompts}")
-    key = Path(args.work_dir) / taskdir.KEY_FILE
+    key = Path(args.work_dir) / contract.KEY_FILE
     if not key.exists():
-        raise SystemExit(f"--work-dir: {key} is missing; run python -m verl_group_ppo.tinytask.prepare --output-dir "
+        raise SystemExit(f"--work-dir: {key} is missing; run python -m verl_group_ppo.tasks.tiny.prepare --output-dir "
                          f"{args.work_dir} first")
 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from verl_group_ppo.tinytask.prepare import ChatTokenizer, PrepareSettings, task_and_split
+    from verl_group_ppo.tasks.tiny.chat import ChatTokenizer
+    from verl_group_ppo.tasks.tiny.prepare import PrepareSettings, task_and_split
     from verl_group_ppo.demo.rl import RunConfig, run_one
 
     torch.set_num_threads(1)

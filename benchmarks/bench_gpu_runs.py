@@ -10,7 +10,7 @@ directory that is already prepared (``--work-dir TASK=DIR``, default
 the launcher's), with the hf rollout and sdpa attention (no vLLM, no flash-attn). For every run it writes
 ``DIR/<TASK>-<ESTIMATOR>.json``: the command (paths relative to the repository), the versions (Python, torch, CUDA,
 GPU, transformers, verl, ray), the exit status and wall time, whether the model held random weights (a timing-only
-run: ``python -m verl_group_ppo.mathtask.checkpoint random-weights``), the NCCL communicator lines, and verl's
+run: ``python -m verl_group_ppo.tasks.maths.checkpoint random-weights``), the NCCL communicator lines, and verl's
 per-step metrics (``critic/score/mean``, ``timing_s/*``, ...) with the mean breakdown over the steps after the first;
 and the console log, compressed, beside it. Runs are independent: one that fails or outlasts ``--timeout-s`` is
 recorded with its exit status and the next one starts. ``--report DIR`` prints the records as tables.
@@ -33,7 +33,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from verl_group_ppo.logs import parse_step_metrics, timing_breakdown  # noqa: E402
-from verl_group_ppo.mathtask.checkpoint import RANDOM_WEIGHTS, held_model  # noqa: E402
+from verl_group_ppo.tasks.maths.checkpoint import RANDOM_WEIGHTS, held_model  # noqa: E402
 
 DEFAULT_RUNS = ("tiny:group_ppo:3", "tiny:gae:3", "arith:group_ppo:2")
 ESTIMATORS = ("group_ppo", "gae", "grpo")

@@ -5,14 +5,14 @@ warm-up steps, per critic learning rate.
     python benchmarks/bench_mathtask_critic.py --warmups 0,5,10 --lrs 5e-5  # the budget verl's critic_warmup costs
     python benchmarks/bench_mathtask_critic.py --report                     # the table from the kept records
 
-Everything but the loop is :mod:`verl_group_ppo.mathtask.critic` and :mod:`verl_group_ppo.critic_readout`: the
+Everything but the loop is :mod:`verl_group_ppo.tasks.maths.critic` and :mod:`verl_group_ppo.critic_readout`: the
 critic verl loads (the pretrained LM with a new value head), a warm-up step as verl's ``trainer.critic_warmup``
 takes it at the launchers' batch (64 fresh replies of the frozen warm-start policy, two updates of 32 through verl's
 value loss, unclipped unless ``--value-clip``), the held-out replies sampled from the test split. For each seed the
 script samples the held-out replies (``--held-samples`` per test prompt) and enough training replies for the
 largest warm-up once, then for each learning rate trains a fresh critic through the warm-ups and measures it at
 each. The task directory is the launchers' (``--work-dir``; the launcher or ``python -m
-verl_group_ppo.mathtask.prepare`` makes it); ``--gguf`` converts a GGUF file into its model folder when that is
+verl_group_ppo.tasks.maths.prepare`` makes it); ``--gguf`` converts a GGUF file into its model folder when that is
 missing. One record per seed, device and value clip: benchmarks/results/twoway/critic/<device>[-clip<C>]-seed<S>.json.
 """
 
@@ -36,7 +36,7 @@ def load_rows(work_dir: str) -> tuple[list[dict], list[dict]]:
 
     paths = [os.path.join(work_dir, "data", f"{split}.parquet") for split in ("train", "test")]
     if missing := [p for p in paths if not os.path.isfile(p)]:
-        raise SystemExit(f"--work-dir: {missing[0]} is missing; run `python -m verl_group_ppo.mathtask.prepare "
+        raise SystemExit(f"--work-dir: {missing[0]} is missing; run `python -m verl_group_ppo.tasks.maths.prepare "
                          f"--output-dir {work_dir}` (or a twoway launcher) first")
     train, test = (pd.read_parquet(p).to_dict("records") for p in paths)
     return train, test
@@ -44,7 +44,7 @@ def load_rows(work_dir: str) -> tuple[list[dict], list[dict]]:
 
 def model_dir(work_dir: str, gguf: str | None) -> str:
     """The task's model folder as prepared (whatever model it holds); the default model converted when it is missing."""
-    from verl_group_ppo.mathtask.checkpoint import ensure_model, held_model
+    from verl_group_ppo.tasks.maths.checkpoint import ensure_model, held_model
 
     path = os.path.join(work_dir, "model")
     return path if held_model(path) is not None else ensure_model(path, gguf_path=gguf)
@@ -56,7 +56,7 @@ def measure_seed(seed: int, args: argparse.Namespace, device: str) -> dict:
     from transformers import AutoModelForCausalLM, AutoModelForTokenClassification, AutoTokenizer
 
     from verl_group_ppo.critic_readout import WarmupSettings, heldout_explained_variance
-    from verl_group_ppo.mathtask.critic import sample_replies, warmup_step
+    from verl_group_ppo.tasks.maths.critic import sample_replies, warmup_step
 
     path = model_dir(args.work_dir, args.gguf)
     train_rows, test_rows = load_rows(args.work_dir)

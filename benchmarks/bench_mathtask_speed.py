@@ -6,7 +6,7 @@
 Every configuration runs ``examples/cpu/common.sh group_ppo`` with the task's ``TASK`` (verl's ``main_ppo`` on the CPU
 backend) for ``--steps`` steps on a prepared ``--work-dir``, with no validation before training and verl's validation
 of the work dir's test split after the last step. A configuration is the baseline (the launcher's settings: the
-task's spec in ``verl_group_ppo.task_specs``) with one lever changed (:func:`configs`); a record measured with other
+task's spec in ``verl_group_ppo.tasks.maths.spec``) with one lever changed (:func:`configs`); a record measured with other
 levers is not reported, and runs again:
 threads per process, remove-padding, the rollout (the backend's ``hf`` or verl's vLLM, fp32 or bf16), trainer
 ranks, prompts per step, response length, validation batch. ``base`` runs first and again last (``base_again``): the
@@ -27,7 +27,8 @@ from statistics import mean
 
 from benchlib import REPO, LauncherError, portable, read_json, run_launcher, write_json
 from verl_group_ppo.logs import timing_breakdown
-from verl_group_ppo.task_specs import ARITH, TWOWAY, TaskSpec
+from verl_group_ppo.tasks.contract import TaskSpec
+from verl_group_ppo.tasks.maths.spec import ARITH, TWOWAY
 
 TASKS: dict[str, tuple[TaskSpec, str]] = {"twoway": (TWOWAY, "mathtask_speed"), "arith": (ARITH, "arith_speed")}
 """task -> (its spec, the folder of its records under benchmarks/results)."""
@@ -160,7 +161,7 @@ def report(task: str) -> str:
 def prepare(task: str, work_dir: str) -> None:
     """The task in ``work_dir`` with 128 test questions: the validation after the last step then takes about a
     minute, and its seconds per prompt are what a full validation costs per prompt."""
-    cmd = [sys.executable, "-m", "verl_group_ppo.mathtask.prepare", "--variant", task, "--output-dir", work_dir,
+    cmd = [sys.executable, "-m", "verl_group_ppo.tasks.maths.prepare", "--variant", task, "--output-dir", work_dir,
            "--n-test", "128"]
     print(f"[speed] preparing: {' '.join(portable(c) for c in cmd)}", flush=True)
     subprocess.run(cmd, check=True)
@@ -189,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         info = read_json(os.path.join(work_dir, "data", "prepare.json"))
         if info is None:
             raise SystemExit(f"--work-dir: {work_dir} holds no prepared task "
-                             f"(python -m verl_group_ppo.mathtask.prepare --variant {args.task} --output-dir DIR)")
+                             f"(python -m verl_group_ppo.tasks.maths.prepare --variant {args.task} --output-dir DIR)")
         for name in names:
             recorded = (read_json(results / f"{name}.json") or {}).get("levers")
             if recorded is None or not sweep[name].matches(recorded):

@@ -22,7 +22,7 @@ from statistics import mean
 from typing import Any
 
 from benchlib import REPO, Run, Sweep, differences, plan, plus_minus, read_json, run_launcher, run_pending
-from verl_group_ppo import taskdir
+from verl_group_ppo.tasks import contract
 
 #: arm -> (launcher estimator, extra overrides, seeds)
 ARMS: dict[str, tuple[str, tuple[str, ...], tuple[int, ...]]] = {
@@ -82,7 +82,7 @@ def run_one(out_dir: str, run: Run, steps: int, python: str) -> dict[str, Any]:
 def warm_start(task_dir: str) -> dict[str, float]:
     """What ``prepare`` measured of the shared warm start (its key file, ``data/prepare.json``): it tells the runs of one warm
     start from another's (``prepare`` is deterministic on one machine, not across CPUs)."""
-    return read_json(taskdir.key_path(task_dir))["test_accuracy"]
+    return read_json(contract.key_path(task_dir))["test_accuracy"]
 
 
 def run_metrics(record: dict) -> dict[str, float]:

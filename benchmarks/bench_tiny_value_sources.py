@@ -27,7 +27,7 @@ import os
 from statistics import mean, median
 
 from benchlib import REPO, Run, Sweep, cell, differences, plan, run_launcher, run_pending
-from verl_group_ppo.task_specs import TINY
+from verl_group_ppo.tasks.tiny.spec import TINY
 
 RESULTS = os.path.join("benchmarks", "results", "tiny_value_sources")
 STEPS = 20

@@ -20,7 +20,7 @@ import os
 from statistics import mean, median
 
 from benchlib import REPO, Run, Sweep, cell, differences, plan, run_launcher, run_pending
-from verl_group_ppo.task_specs import TWOWAY
+from verl_group_ppo.tasks.maths.spec import TWOWAY
 
 RESULTS = os.path.join("benchmarks", "results", "twoway")
 STEPS = TWOWAY.steps  # the launcher's default, which the records are checked against

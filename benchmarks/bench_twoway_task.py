@@ -19,7 +19,7 @@ import time
 from statistics import mean
 
 from benchlib import REPO, read_json, write_json
-from verl_group_ppo.task_specs import TWOWAY
+from verl_group_ppo.tasks.maths.spec import TWOWAY
 
 RESULTS = os.path.join("benchmarks", "results", "twoway_task")
 QUESTIONS, SAMPLES, MAX_TOKENS, LENGTHS, SEED = 40, 2, 24, (16, 24, 32), 0
@@ -61,8 +61,8 @@ def shortest_length(by_length: dict[int, float]) -> int:
 def measure_all(args) -> None:
     import torch
 
-    from verl_group_ppo.mathtask import checkpoint, evaluation, questions
-    from verl_group_ppo.mathtask.task import PROMPTS, MathTask
+    from verl_group_ppo.tasks.maths import checkpoint, evaluation, questions
+    from verl_group_ppo.tasks.maths.task import PROMPTS, MathTask
 
     torch.set_num_threads(args.threads)
     model_dir = os.path.join(args.work_dir, "model")

@@ -6,7 +6,7 @@
         --critic-updates 40 --critic-mini-batch 16      # the two-way maths task (runs/cpu-twoway); no record yet
 
 The warm-start policy samples ``--n`` replies to each of ``--prompts`` training prompts (temperature 1), scored by
-the package's one scorer (:func:`verl_group_ppo.reward.compute_score`); the sampler's log-probabilities of the
+the package's one scorer (:func:`verl_group_ppo.tasks.reward.compute_score`); the sampler's log-probabilities of the
 sampled tokens (temperature 1, no top-k/top-p: the model's own) are the old log-probs the ``low_prob`` rule reads.
 Each boundary rule (:data:`RULES`) cuts every reply into groups
 (:func:`~verl_group_ppo.core_algos.find_group_endpoints`); a group's start is the state its value is read at
@@ -237,18 +237,18 @@ class TaskSetup:
 
 
 def tiny_setup(work_dir: str) -> TaskSetup:
-    """The prepared tiny task in ``work_dir`` (``python -m verl_group_ppo.tinytask.prepare``)."""
+    """The prepared tiny task in ``work_dir`` (``python -m verl_group_ppo.tasks.tiny.prepare``)."""
     import pandas as pd
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from verl_group_ppo.reward import compute_score
-    from verl_group_ppo.tinytask.model import build_critic
-    from verl_group_ppo.tinytask.prepare import ChatTokenizer
+    from verl_group_ppo.tasks.reward import compute_score
+    from verl_group_ppo.tasks.tiny.model import build_critic
+    from verl_group_ppo.tasks.tiny.chat import ChatTokenizer
 
     model_dir = os.path.join(work_dir, "model")
     if not os.path.exists(os.path.join(work_dir, "data", "prepare.json")):
         raise SystemExit(f"--work-dir: {work_dir} is not a prepared tiny task; run python -m "
-                         f"verl_group_ppo.tinytask.prepare --output-dir {work_dir} first")
+                         f"verl_group_ppo.tasks.tiny.prepare --output-dir {work_dir} first")
     settings = json.loads(Path(work_dir, "data", "prepare.json").read_text())["settings"]
     tok = ChatTokenizer(AutoTokenizer.from_pretrained(model_dir))
     policy = AutoModelForCausalLM.from_pretrained(model_dir).eval()
@@ -265,7 +265,7 @@ def tiny_setup(work_dir: str) -> TaskSetup:
 
 
 def twoway_setup(work_dir: str) -> TaskSetup:
-    """The prepared two-way maths task in ``work_dir`` (``python -m verl_group_ppo.mathtask.prepare``): SmolLM2-135M-
+    """The prepared two-way maths task in ``work_dir`` (``python -m verl_group_ppo.tasks.maths.prepare``): SmolLM2-135M-
     Instruct, its chat template, the task's rows; the critic is verl's ``AutoModelForTokenClassification`` with one
     label from the same checkpoint (a new, randomly initialised value head)."""
     import pandas as pd
@@ -276,13 +276,13 @@ def twoway_setup(work_dir: str) -> TaskSetup:
         AutoTokenizer,
     )
 
-    from verl_group_ppo.reward import compute_score
-    from verl_group_ppo.mathtask.evaluation import prompt_ids
+    from verl_group_ppo.tasks.reward import compute_score
+    from verl_group_ppo.tasks.maths.evaluation import prompt_ids
 
     model_dir = os.path.join(work_dir, "model")
     if not os.path.exists(os.path.join(work_dir, "data", "prepare.json")):
         raise SystemExit(f"--work-dir: {work_dir} is not a prepared two-way maths task; run python -m "
-                         f"verl_group_ppo.mathtask.prepare --output-dir {work_dir} first")
+                         f"verl_group_ppo.tasks.maths.prepare --output-dir {work_dir} first")
     settings = json.loads(Path(work_dir, "data", "prepare.json").read_text())["settings"]
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").eval()

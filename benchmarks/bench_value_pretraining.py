@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     from verl_group_ppo.demo.pretrain import (CriticRecipe, PretrainConfig, PretrainSamples, pretrain_critic,
                                               pretraining_data)
     from verl_group_ppo.demo.rl import RunConfig
-    from verl_group_ppo.tinytask.model import build_critic, build_policy
+    from verl_group_ppo.tasks.tiny.model import build_critic, build_policy
 
     torch.set_num_threads(1)
     setup = setup_demo(DemoOptions(output_dir=args.setup_dir, no_progress=True), RunConfig(), "cpu",

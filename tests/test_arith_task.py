@@ -8,12 +8,14 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from verl_group_ppo import reward, task_specs
-from verl_group_ppo.mathtask import arith
-from verl_group_ppo.mathtask import prepare as mathtask_prepare
-from verl_group_ppo.mathtask import reward as mathtask_reward
-from verl_group_ppo.mathtask.numeric import guessing_floor, score_final_number
-from verl_group_ppo.mathtask.task import (
+from verl_group_ppo.tasks import launcher, reward
+from verl_group_ppo.tasks.maths import spec as maths_spec
+from verl_group_ppo.tasks.maths import arith
+from verl_group_ppo.tasks.maths import prepare as maths_prepare
+from verl_group_ppo.tasks.maths import reward as maths_reward
+from verl_group_ppo.tasks.maths import variants as maths_variants
+from verl_group_ppo.tasks.maths.numeric import guessing_floor, score_final_number
+from verl_group_ppo.tasks.maths.task import (
     ARITH_DATA_SOURCES,
     WORKED_SYSTEM,
     ArithTask,
@@ -134,7 +136,7 @@ def test_rows_name_their_module_as_data_source():
 
 
 def test_the_launchers_splits_are_disjoint_at_their_sizes():
-    settings = mathtask_prepare.PrepareSettings()
+    settings = maths_prepare.PrepareSettings()
     task = settings.task()
     train, test = task.split(settings.n_train, settings.n_test, settings.seed)
     assert len(test) == settings.n_test >= 512
@@ -153,9 +155,9 @@ def test_the_reward_dispatches_every_arith_source():
     for source in ARITH_DATA_SOURCES:
         assert reward.compute_score(source, "6 * 7 = 42. 42 + 12 = 54.\nAnswer: 54", "54") == {
             "score": 1.0, "answered": 1.0}
-        assert source in mathtask_reward.DATA_SOURCES
+        assert source in maths_reward.DATA_SOURCES
     with pytest.raises(ValueError, match="data_source"):
-        mathtask_reward.compute_score("verl_group_ppo/arith/nope", "1", "1")
+        maths_reward.compute_score("verl_group_ppo/arith/nope", "1", "1")
 
 
 def test_per_module_data_sources_reach_verls_validation_metrics():
@@ -183,12 +185,12 @@ def test_per_module_data_sources_reach_verls_validation_metrics():
 
 
 def test_prepare_defaults_are_the_arith_variant_and_twoway_changes_its_own():
-    arith_settings = mathtask_prepare.PrepareSettings()
+    arith_settings = maths_prepare.PrepareSettings()
     assert arith_settings.variant == "arith" and isinstance(arith_settings.task(), ArithTask)
     assert (arith_settings.n_test, arith_settings.response_length, arith_settings.min_answered) == (1024, 64, 0.9)
-    twoway = mathtask_prepare.settings_from_flags({"variant": "twoway", "seed": None})
-    assert (twoway.modules, twoway.n_test, twoway.response_length) == (mathtask_prepare.TWOWAY_MODULES, 128, 16)
-    assert mathtask_prepare.settings_from_flags({"variant": "twoway", "n_test": 64}).n_test == 64
+    twoway = maths_prepare.settings_from_flags({"variant": "twoway", "seed": None})
+    assert (twoway.modules, twoway.n_test, twoway.response_length) == (maths_variants.TWOWAY_MODULES, 128, 16)
+    assert maths_prepare.settings_from_flags({"variant": "twoway", "n_test": 64}).n_test == 64
 
 
 @pytest.mark.parametrize("flags, name", [
@@ -203,33 +205,33 @@ def test_prepare_defaults_are_the_arith_variant_and_twoway_changes_its_own():
 ])
 def test_bad_prepare_settings_are_refused_by_name(flags, name):
     with pytest.raises(ValueError, match=name):
-        mathtask_prepare.settings_from_flags(flags)
+        maths_prepare.settings_from_flags(flags)
 
 
 def test_accuracy_check_refuses_a_format_confound_and_the_band():
-    settings = mathtask_prepare.PrepareSettings()
+    settings = maths_prepare.PrepareSettings()
     good = {"greedy": {"correct": 0.3, "answered": 1.0}, "sampled": {"correct": 0.1, "answered": 0.95}}
-    mathtask_prepare.check_accuracy(good, settings)
+    maths_prepare.check_accuracy(good, settings)
     with pytest.raises(RuntimeError, match="--min-answered"):
-        mathtask_prepare.check_accuracy({**good, "greedy": {"correct": 0.3, "answered": 0.8}}, settings)
+        maths_prepare.check_accuracy({**good, "greedy": {"correct": 0.3, "answered": 0.8}}, settings)
     with pytest.raises(RuntimeError, match="--min-sampled-accuracy"):
-        mathtask_prepare.check_accuracy({**good, "sampled": {"correct": 0.01, "answered": 1.0}}, settings)
+        maths_prepare.check_accuracy({**good, "sampled": {"correct": 0.01, "answered": 1.0}}, settings)
 
 
 def test_pooled_figures_weight_by_replies():
     parts = [{"correct": 0.5, "answered": 1.0, "replies": 10}, {"correct": 0.2, "answered": 0.5, "replies": 30}]
-    assert mathtask_prepare.pooled(parts) == {"correct": 0.275, "answered": 0.625, "replies": 40}
+    assert maths_prepare.pooled(parts) == {"correct": 0.275, "answered": 0.625, "replies": 40}
     with pytest.raises(ValueError, match="parts"):
-        mathtask_prepare.pooled([{"correct": 0.0, "replies": 0}])
+        maths_prepare.pooled([{"correct": 0.0, "replies": 0}])
 
 
 def test_the_arith_spec_reads_prepare_and_the_launcher_reads_its_temperature():
-    spec, settings = task_specs.ARITH, mathtask_prepare.PrepareSettings()
-    assert task_specs.spec_for("arith", 0) is spec
+    spec, settings = maths_spec.ARITH, maths_prepare.PrepareSettings()
+    assert launcher.spec_for("arith", 0) is spec
     assert (spec.response_length, spec.prompt_length) == (settings.response_length, settings.max_prompt_length)
     assert spec.accuracy_band == (settings.min_sampled_accuracy, settings.max_sampled_accuracy)
     assert spec.temperature == settings.temperature
     assert spec.data_sources == tuple(arith_data_source(m) for m in settings.modules.split(","))
     assert 0 < spec.test_freq < spec.steps and spec.val_before_train  # validated before, in the middle and at the end
-    assert f"temperature={settings.temperature}" in task_specs.shell_assignments(spec)
-    assert task_specs.TWOWAY.prepare_args == ("--variant", "twoway")
+    assert f"temperature={settings.temperature}" in launcher.shell_assignments(spec)
+    assert maths_spec.TWOWAY.prepare_args == ("--variant", "twoway")

@@ -1,4 +1,4 @@
-"""The numeric scorer (``verl_group_ppo.mathtask.numeric``) and the pure parts of the numeric task's choice
+"""The numeric scorer (``verl_group_ppo.tasks.maths.numeric``) and the pure parts of the numeric task's choice
 benchmark (``benchmarks/bench_arith_task_choice.py``); no model."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from verl_group_ppo.mathtask import questions
-from verl_group_ppo.mathtask.numeric import (
+from verl_group_ppo.tasks.maths import questions
+from verl_group_ppo.tasks.maths.numeric import (
     final_number,
     guessing_floor,
     numbers_equal,
@@ -198,7 +198,7 @@ def test_the_choice_takes_temperature_1_when_two_modules_are_kept_else_0_7():
 
 
 def test_every_candidate_module_is_offered_and_numeric():
-    from verl_group_ppo.mathtask import arith
+    from verl_group_ppo.tasks.maths import arith
 
     b = bench()
     assert set(b.DATASET_MODULES) <= set(questions.MODULES) and set(b.ARITH_MODULES) == set(arith.MODULES)

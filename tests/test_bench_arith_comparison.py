@@ -15,7 +15,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import bench_arith_comparison as B  # noqa: E402
 import benchlib  # noqa: E402
-from verl_group_ppo.task_specs import ARITH  # noqa: E402
+from verl_group_ppo.tasks.maths.spec import ARITH  # noqa: E402
 
 SOURCES = B.SOURCES
 MIDDLE = ARITH.test_freq  # the launcher validates in the middle; the comparison's runs do not
@@ -55,9 +55,9 @@ def start_record(val: float = 0.1) -> dict:
 
 
 def test_counts_follow_the_test_split_and_pooling_weights_modules_by_them():
-    from verl_group_ppo.mathtask import arith
-    from verl_group_ppo.mathtask.prepare import PrepareSettings
-    from verl_group_ppo.mathtask.task import arith_data_source
+    from verl_group_ppo.tasks.maths import arith
+    from verl_group_ppo.tasks.maths.prepare import PrepareSettings
+    from verl_group_ppo.tasks.maths.task import arith_data_source
 
     modules = PrepareSettings().modules.split(",")
     drawn = Counter(arith_data_source(q.module) for q in arith.draw(modules, B.N_TEST, 0))

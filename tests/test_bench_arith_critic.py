@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from verl_group_ppo_testutils_mathtask import write_tiny_gguf
+from verl_group_ppo_testutils_maths import write_tiny_gguf
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO / "benchmarks") not in sys.path:
@@ -29,7 +29,7 @@ def bench():
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory) -> str:
-    from verl_group_ppo.mathtask import checkpoint
+    from verl_group_ppo.tasks.maths import checkpoint
 
     directory = tmp_path_factory.mktemp("arith-critic")
     gguf = write_tiny_gguf(str(directory / "tiny.gguf"))

@@ -11,7 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import bench_mathtask_speed as S  # noqa: E402
-from verl_group_ppo.task_specs import ARITH, TWOWAY  # noqa: E402
+from verl_group_ppo.tasks.maths.spec import ARITH, TWOWAY  # noqa: E402
 
 
 @pytest.mark.parametrize("spec", [ARITH, TWOWAY], ids=["arith", "twoway"])

@@ -198,7 +198,7 @@ def test_tiny_learning_rejects_bad_arguments_before_loading_anything(argv, messa
 
 def test_tiny_learning_needs_a_prepared_work_dir(tmp_path):
     bench = _load("bench_cpu_tiny_learning")
-    with pytest.raises(SystemExit, match="prepare.json is missing; run python -m verl_group_ppo.tinytask.prepare"):
+    with pytest.raises(SystemExit, match="prepare.json is missing; run python -m verl_group_ppo.tasks.tiny.prepare"):
         bench.main(["--work-dir", str(tmp_path)])
 
 
@@ -401,7 +401,8 @@ def test_twoway_comparison_plans_the_preregistered_seeds_at_the_launchers_steps(
     runs = bench.sweep("comparison")[0].runs
     assert [(r.arm, r.seed) for r in runs] == [("group_ppo", 0), ("gae", 0), ("grpo", 0), ("group_ppo", 1),
                                                ("gae", 1), ("grpo", 1), ("group_ppo", 2), ("gae", 2)]
-    from verl_group_ppo.task_specs import TWOWAY, shell_values
+    from verl_group_ppo.tasks.launcher import shell_values
+    from verl_group_ppo.tasks.maths.spec import TWOWAY
 
     assert shell_values(TWOWAY)["steps"] == str(bench.STEPS)  # records are checked against the launcher's default
     assert not bench.accept({"steps_planned": bench.STEPS + 1})
@@ -489,13 +490,13 @@ def test_critic_records_with_the_value_clip_are_kept_and_reported_apart():
 def test_the_critic_benchmark_runs_on_a_tiny_model(tmp_path, monkeypatch):
     """One seed, one warm-up step, on a tiny converted model and two questions: a record of the expected shape."""
     import pandas as pd
-    from verl_group_ppo_testutils_mathtask import write_tiny_gguf
+    from verl_group_ppo_testutils_maths import write_tiny_gguf
 
-    from verl_group_ppo.mathtask import checkpoint
+    from verl_group_ppo.tasks.maths import checkpoint
 
     checkpoint.convert(str(tmp_path / "task" / "model"), gguf_path=write_tiny_gguf(str(tmp_path / "tiny.gguf")),
                        log=lambda m: None, expected=False)
-    from verl_group_ppo.mathtask.task import DATA_SOURCE
+    from verl_group_ppo.tasks.maths.task import DATA_SOURCE
 
     rows = [{"prompt": [{"role": "user", "content": q}], "data_source": DATA_SOURCE,
              "reward_model": {"ground_truth": a}} for q, a in (("12", "3"), ("7", "5"))]

@@ -1,4 +1,4 @@
-"""The tiny real task (``verl_group_ppo.tinytask.prepare`` / ``.reward``) and verl's real ``main_ppo`` on CPU.
+"""The tiny real task (``verl_group_ppo.tasks.tiny.prepare`` / ``.reward``) and verl's real ``main_ppo`` on CPU.
 
 Fast tests check the tokenizer, the verl rows, the reward and the cache. The ``slow`` tests run
 ``examples/cpu/common.sh`` (the launcher behind ``examples/cpu/run_tiny_*.sh``: verl's
@@ -29,13 +29,14 @@ from pathlib import Path
 import pytest
 from verl_group_ppo_testutils_vllm import VLLM_SKIP_REASON, vllm_installed
 
-from verl_group_ppo import taskdir
-from verl_group_ppo.tinytask import prepare as prep
+from verl_group_ppo.tasks import contract
+from verl_group_ppo.tasks.tiny import chat, variants, warmstart
+from verl_group_ppo.tasks.tiny import prepare as prep
 from verl_group_ppo import logs as summarize_log
 from verl_group_ppo.config import GroupParams
-from verl_group_ppo.reward import compute_score  # the one reward function, which hands these rows to tinytask.reward
-from verl_group_ppo.tinytask.reward import data_source_for, task_for
-from verl_group_ppo.tinytask.tasks import make_task, split_problems
+from verl_group_ppo.tasks.reward import compute_score  # the one reward function
+from verl_group_ppo.tasks.tiny.reward import data_source_for, task_for
+from verl_group_ppo.tasks.tiny.problems import make_task, split_problems
 
 REPO = Path(__file__).resolve().parents[1]
 LAUNCHER = REPO / "examples" / "cpu" / "common.sh"
@@ -58,9 +59,9 @@ def problems():
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory, problems):
     _, train, _ = problems
-    hf, vocab, merges = prep.train_tokenizer(prep.single_turn_texts(train, prep.PrepareSettings()), 300)
+    hf, vocab, merges = chat.train_tokenizer(variants.single_turn_texts(train, prep.PrepareSettings()), 300)
     path = tmp_path_factory.mktemp("tok")
-    prep.save_tokenizer(hf, vocab, merges, str(path))
+    chat.save_tokenizer(hf, vocab, merges, str(path))
     return path
 
 
@@ -72,8 +73,8 @@ def test_tokenizer_loads_as_qwen2_with_chat_template(tokenizer_dir, problems):
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
     assert isinstance(tok, Qwen2Tokenizer)
     assert len(tok.encode("\n", add_special_tokens=False)) == 1  # verl's continuous-token check
-    assert tok.eos_token == prep.IM_END and tok.pad_token == prep.PAD_TOKEN
-    ids = prep.ChatTokenizer(tok).encode_prompt(train[0].prompt)
+    assert tok.eos_token == chat.IM_END and tok.pad_token == chat.PAD_TOKEN
+    ids = chat.ChatTokenizer(tok).encode_prompt(train[0].prompt)
     text = tok.decode(ids)
     assert text == f"<|im_start|>user\n{train[0].prompt}<|im_end|>\n<|im_start|>assistant\n"
     solution_ids = tok.encode(train[0].solution, add_special_tokens=False)
@@ -101,7 +102,7 @@ def test_rows_are_in_verl_format_and_score_with_the_demo_verifier(problems):
     rng = random.Random(0)
     checked_wrong = 0
     for i, p in enumerate(train[:60]):
-        row = prep.verl_row(p, task, "train", i)
+        row = variants.verl_row(p, task, "train", i)
         assert row["data_source"] == data_source_for("chain_sum") == "verl_group_ppo/chain_sum"
         assert row["prompt"] == [{"role": "user", "content": p.prompt}]
         assert row["reward_model"] == {"style": "rule", "ground_truth": p.answer}
@@ -113,7 +114,7 @@ def test_rows_are_in_verl_format_and_score_with_the_demo_verifier(problems):
         checked_wrong += expected == 0.0
     assert checked_wrong > 5  # the noisy solutions did exercise the 0 branch
     assert compute_score(data_source_for("chain_sum"), train[0].solution + "1", train[0].answer,
-                         prep.verl_row(train[0], task, "train", 0)["extra_info"]) == 0.0
+                         variants.verl_row(train[0], task, "train", 0)["extra_info"]) == 0.0
 
 
 def test_reward_rejects_foreign_rows():
@@ -144,12 +145,12 @@ def test_prepare_writes_outputs_and_skips_when_cached(tmp_path, monkeypatch):
     assert len(pd.read_parquet(tmp_path / "data" / "test.parquet")) == 8
     assert {"config.json", "model.safetensors", "vocab.json", "merges.txt",
             "tokenizer_config.json"} <= set(os.listdir(tmp_path / "model"))
-    assert json.loads((tmp_path / taskdir.KEY_FILE).read_text()) == info
+    assert json.loads((tmp_path / contract.KEY_FILE).read_text()) == info
 
     def fail(*args, **kwargs):
         raise AssertionError("the warm start ran again although the outputs were cached")
 
-    monkeypatch.setattr(prep, "warm_start", fail)
+    monkeypatch.setattr(warmstart, "warm_start", fail)
     assert prep.prepare(str(tmp_path), settings, log=lambda m: None) == info
     with pytest.raises(AssertionError, match="ran again"):  # other settings: rebuilt
         prep.prepare(str(tmp_path), prep.PrepareSettings(warmstart_steps=3, warmstart_batch_size=8, n_train=100,
@@ -161,7 +162,7 @@ def test_prepare_refuses_a_warm_start_without_room(tmp_path):
     settings = prep.PrepareSettings(warmstart_steps=2, warmstart_batch_size=8, n_train=100, n_test=8)
     with pytest.raises(RuntimeError, match="--warmstart-steps.*--warmstart-slip-prob"):
         prep.prepare(str(tmp_path), settings, log=lambda m: None)
-    assert not (tmp_path / taskdir.KEY_FILE).exists() and not (tmp_path / "model").exists()
+    assert not (tmp_path / contract.KEY_FILE).exists() and not (tmp_path / "model").exists()
 
 
 def test_summarize_log_reads_verl_console_metrics():
@@ -179,10 +180,10 @@ def test_summarize_log_reads_verl_console_metrics():
 
 def stub_python(directory: Path) -> Path:
     """A stand-in interpreter for the launcher: it appends each call's arguments, then a ``----`` line, to
-    ``directory/calls.txt`` instead of running them; the task spec (``-m verl_group_ppo.task_specs``) it hands to
+    ``directory/calls.txt`` instead of running them; the task spec (``-m verl_group_ppo.tasks.launcher``) it hands to
     this interpreter, as the launcher reads its variables from it."""
     stub = directory / "python"
-    stub.write_text(f'#!/bin/sh\n[ "$2" = verl_group_ppo.task_specs ] && exec {sys.executable} "$@"\n'
+    stub.write_text(f'#!/bin/sh\n[ "$2" = verl_group_ppo.tasks.launcher ] && exec {sys.executable} "$@"\n'
                     'printf "%s\\n" "$@" ---- >> "$(dirname "$0")/calls.txt"\n')
     stub.chmod(0o755)
     return stub
@@ -308,7 +309,7 @@ def test_multiturn_launcher_builds_a_model_vllm_can_serve_for_the_vllm_rollout(t
                           capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0, proc.stderr
     prepare = stub_calls(tmp_path)[0]
-    assert prepare == ["-m", "verl_group_ppo.tinytask.prepare", "--output-dir", str(root / "runs" / work_dir), "--tools",
+    assert prepare == ["-m", "verl_group_ppo.tasks.tiny.prepare", "--output-dir", str(root / "runs" / work_dir), "--variant", "tools",
                        *model_args]
     assert ("the tool task on the small model" in proc.stdout) == (rollout == "vllm")
 

@@ -2,7 +2,7 @@
 
 verl's Ulysses all-to-all sits inside transformers' flash-attention path; on CPU the model attends with SDPA,
 which verl leaves unpatched, so each sequence-parallel rank would attend over its own slice only. The launch
-check (``verl_group_ppo.integration.checks.check_cpu_sequence_parallel``) names the key instead.
+check (``verl_group_ppo.cpu.checks.check_cpu_sequence_parallel``) names the key instead.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 import verl_group_ppo_testutils_integration as U
-from verl_group_ppo.integration.checks import ULYSSES_KEYS, check_cpu_sequence_parallel, make_validate_config
+from verl_group_ppo.cpu.checks import ULYSSES_KEYS, check_cpu_sequence_parallel
+from verl_group_ppo.integration.startup import make_validate_config
 
 REPO = Path(__file__).resolve().parents[1]
 CPU = ["trainer.device=cpu"]
@@ -54,10 +55,10 @@ def test_ulysses_passes_on_gpus_and_size_one_passes_on_cpu():
 
 
 def test_validate_config_runs_the_check_for_group_ppo_before_ray(monkeypatch):
-    from verl_group_ppo.integration import checks
+    from verl_group_ppo.integration import startup
 
-    monkeypatch.setattr(checks, "_ray_started", lambda: False)
-    monkeypatch.setattr(checks, "check_accelerator", lambda config: None)
+    monkeypatch.setattr(startup, "_ray_started", lambda: False)
+    monkeypatch.setattr(startup, "check_accelerator", lambda config: None)
     validate = make_validate_config(lambda config, **kwargs: "verl")
     # sdpa: without flash-attn, any critic run with verl's default attention is refused (check_critic_attention)
     sp = ["actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", "+critic.model.override_config.attn_implementation=sdpa",

@@ -22,7 +22,7 @@ from verl_group_ppo.critic_readout import (
     right_pad,
     warmup_update,
 )
-from verl_group_ppo.tinytask.model import Rollout, build_critic, build_policy
+from verl_group_ppo.tasks.tiny.model import Rollout, build_critic, build_policy
 
 
 class _Logits(torch.nn.Module):

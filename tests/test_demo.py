@@ -19,9 +19,9 @@ pytest.importorskip("reasoning_gym")
 from verl_group_ppo.demo import main  # noqa: E402
 from verl_group_ppo.demo.arms import ARMS  # noqa: E402
 from verl_group_ppo.demo.rl import RunConfig, run_one  # noqa: E402
-from verl_group_ppo.tinytask.tasks import ChainSumTask, ModChainTask, extract_answer, make_task, split_problems  # noqa: E402
-from verl_group_ppo.tinytask.tokenizer import CharTokenizer  # noqa: E402
-from verl_group_ppo.tinytask.warmstart import train_warmstart  # noqa: E402
+from verl_group_ppo.tasks.tiny.problems import ChainSumTask, ModChainTask, extract_answer, make_task, split_problems  # noqa: E402
+from verl_group_ppo.tasks.tiny.tokenizer import CharTokenizer  # noqa: E402
+from verl_group_ppo.tasks.tiny.warmstart import train_warmstart  # noqa: E402
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -110,7 +110,7 @@ def test_char_tokenizer_round_trip():
 
 
 def _chain_problem(task, expression, answer, solution):
-    from verl_group_ppo.tinytask.tasks import Problem
+    from verl_group_ppo.tasks.tiny.problems import Problem
 
     entry = {"question": f"... {expression} =", "answer": answer,
              "metadata": {"source_dataset": "chain_sum", "expression": expression}}
@@ -216,7 +216,7 @@ def test_same_seed_same_run(tiny_setup):
 
 
 def test_main_writes_all_outputs(tmp_path, monkeypatch):
-    from verl_group_ppo.tinytask import warmstart
+    from verl_group_ppo.tasks.tiny import warmstart
 
     monkeypatch.setattr(warmstart, "MIN_SAMPLED_ACCURACY", 0.0)  # a 5-step warm start: plumbing only
     out = tmp_path / "demo"
@@ -356,8 +356,8 @@ def test_terms_set_the_chain_length_and_the_response_length(name, terms):
 
 
 def test_terms_parsing_and_the_warmstart_cache_key():
-    from verl_group_ppo.tinytask.tasks import parse_terms
-    from verl_group_ppo.tinytask.warmstart import warmstart_key
+    from verl_group_ppo.tasks.tiny.problems import parse_terms
+    from verl_group_ppo.tasks.tiny.warmstart import warmstart_key
 
     assert parse_terms("4-5") == (4, 5) and parse_terms("7") == (7, 7)
     for bad in ("5-4", "1-3", "a-b", "4-5-6", ""):
@@ -471,7 +471,7 @@ def test_version_1_command_in_docs_gives_the_version_1_settings():
 
 
 def test_automatic_warmstart_settings_keep_the_default_task_and_scale_with_length():
-    from verl_group_ppo.tinytask import warmstart as ws
+    from verl_group_ppo.tasks.tiny import warmstart as ws
 
     assert ws.auto_slip_prob(3.5) == 0.25 and ws.auto_warmstart_steps(3.5) == 2000  # the default task's
     slips = [ws.auto_slip_prob(k) for k in (3.5, 8.0, 12.0)]
@@ -484,7 +484,7 @@ def test_automatic_warmstart_settings_keep_the_default_task_and_scale_with_lengt
 
 
 def test_slip_rescaling_moves_the_accuracy_toward_the_room():
-    from verl_group_ppo.tinytask import warmstart as ws
+    from verl_group_ppo.tasks.tiny import warmstart as ws
 
     assert ws.rescale_slip_prob(0.25, 0.8, 3.5) > 0.25  # too easy: more slips
     assert ws.rescale_slip_prob(0.25, 0.03, 3.5) < 0.25  # too hard: fewer slips

@@ -26,7 +26,7 @@ from verl_group_ppo.demo.pretrain import (
     pretrained_critic_state,
 )
 from verl_group_ppo.demo.rl import RunConfig, build_learner, run_one
-from verl_group_ppo.tinytask.model import build_critic, build_policy
+from verl_group_ppo.tasks.tiny.model import build_critic, build_policy
 
 
 def test_new_arms_are_the_settings_they_name():

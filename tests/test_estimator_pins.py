@@ -121,9 +121,9 @@ def make_demo_batches(n_batches: int = 2, seed: int = 0) -> list[dict[str, list]
     """
     from verl_group_ppo.demo.arms import ARMS
     from verl_group_ppo.demo.rl import RunConfig, build_learner, collect
-    from verl_group_ppo.tinytask.tasks import ChainSumTask, split_problems
-    from verl_group_ppo.tinytask.tokenizer import CharTokenizer
-    from verl_group_ppo.tinytask.warmstart import train_warmstart
+    from verl_group_ppo.tasks.tiny.problems import ChainSumTask, split_problems
+    from verl_group_ppo.tasks.tiny.tokenizer import CharTokenizer
+    from verl_group_ppo.tasks.tiny.warmstart import train_warmstart
 
     torch.set_num_threads(1)
     task = ChainSumTask(min_terms=2, max_terms=2)  # short chains: some rewards after a short warm start

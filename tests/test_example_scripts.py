@@ -434,13 +434,13 @@ CPU_TASKS = [("tiny", "0"), ("tiny", "1"), ("twoway", "0"), ("arith", "0")]
 
 def cpu_launcher_command(tmp_path: Path, task: str, multi_turn: str, estimator: str, *extra: str) -> list[list[str]]:
     """Every interpreter call the CPU launcher makes (prepare, then main_ppo), through a stub PYTHON that records
-    them and runs only the task spec's ``python -m verl_group_ppo.task_specs`` (the launcher reads its variables)."""
+    them and runs only the task spec's ``python -m verl_group_ppo.tasks.launcher`` (the launcher reads its variables)."""
     import sys
 
     calls = tmp_path / "calls.txt"
     calls.unlink(missing_ok=True)
     stub = tmp_path / "python"
-    stub.write_text(f'#!/bin/sh\n[ "$2" = verl_group_ppo.task_specs ] && exec {sys.executable} "$@"\n'
+    stub.write_text(f'#!/bin/sh\n[ "$2" = verl_group_ppo.tasks.launcher ] && exec {sys.executable} "$@"\n'
                     f'printf "%s\\n" "$@" ---- >> {calls}\n')
     stub.chmod(0o755)
     env = {**os.environ, "TASK": task, "MULTI_TURN": multi_turn, "WORK_DIR": str(tmp_path / "work"),
@@ -460,7 +460,8 @@ def hydra_key(override: str) -> str:
 @pytest.mark.parametrize("task,multi_turn", CPU_TASKS)
 @pytest.mark.parametrize("estimator", list(ESTIMATORS))
 def test_cpu_launcher_sets_no_key_twice_and_takes_the_numbers_from_the_spec(task, multi_turn, estimator, tmp_path):
-    from verl_group_ppo.task_specs import REWARD, spec_for
+    from verl_group_ppo.tasks.launcher import spec_for
+    from verl_group_ppo.tasks.reward import REWARD_PATH as REWARD
 
     spec = spec_for(task, multi_turn)
     prepare, main = cpu_launcher_command(tmp_path, task, multi_turn, estimator)
@@ -490,7 +491,7 @@ def test_cpu_launcher_sets_no_key_twice_and_takes_the_numbers_from_the_spec(task
                                          ({"MULTI_TURN": "2"}, "MULTI_TURN"), ({"PREPARE": "yes"}, "PREPARE")])
 def test_cpu_launcher_refuses_a_task_it_does_not_know(env, message, tmp_path):
     stub = tmp_path / "python"
-    stub.write_text('#!/bin/sh\n[ "$2" = verl_group_ppo.task_specs ] && exec "$REAL_PYTHON" "$@"\nexit 0\n')
+    stub.write_text('#!/bin/sh\n[ "$2" = verl_group_ppo.tasks.launcher ] && exec "$REAL_PYTHON" "$@"\nexit 0\n')
     stub.chmod(0o755)
     import sys
 
@@ -507,7 +508,7 @@ def cpu_launcher_run(tmp_path: Path, estimator: str, env: dict) -> tuple[list[st
     calls, seen = tmp_path / "calls.txt", tmp_path / "env.txt"
     calls.unlink(missing_ok=True)
     stub = tmp_path / "python"
-    stub.write_text(f'#!/bin/sh\n[ "$2" = verl_group_ppo.task_specs ] && exec {sys.executable} "$@"\n'
+    stub.write_text(f'#!/bin/sh\n[ "$2" = verl_group_ppo.tasks.launcher ] && exec {sys.executable} "$@"\n'
                     f'printf "%s\\n" "$@" ---- >> {calls}\n'
                     f'printf "VERL_PLATFORM=%s\\nOMP_NUM_THREADS=%s\\n" "${{VERL_PLATFORM-<unset>}}" '
                     f'"$OMP_NUM_THREADS" > {seen}\n')
@@ -547,7 +548,7 @@ def test_cpu_launcher_with_device_cuda_composes_for_gpus(task, estimator, tmp_pa
 @pytest.mark.slow
 def test_cpu_launcher_refuses_an_unknown_device(tmp_path):
     stub = tmp_path / "python"
-    stub.write_text('#!/bin/sh\n[ "$2" = verl_group_ppo.task_specs ] && exec "$REAL_PYTHON" "$@"\nexit 0\n')
+    stub.write_text('#!/bin/sh\n[ "$2" = verl_group_ppo.tasks.launcher ] && exec "$REAL_PYTHON" "$@"\nexit 0\n')
     stub.chmod(0o755)
     import sys
 

@@ -1,4 +1,4 @@
-"""The tiny tasks' guessing floor (verl_group_ppo.tinytask.tasks.guessing_floor): the best constant response by its
+"""The tiny tasks' guessing floor (verl_group_ppo.tasks.tiny.problems.guessing_floor): the best constant response by its
 grader, against a loop over every candidate response; and the benchmark that tabulates it for the comparisons."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import bench_guessing_floors as G  # noqa: E402
 from verl_group_ppo.demo.cli import DemoOptions  # noqa: E402
-from verl_group_ppo.tinytask.prepare import PrepareSettings, task_and_split  # noqa: E402
-from verl_group_ppo.tinytask.tasks import (ANSWER_MARK, ModChainTask, Problem, answer_is_right,  # noqa: E402
+from verl_group_ppo.tasks.tiny.prepare import PrepareSettings, task_and_split  # noqa: E402
+from verl_group_ppo.tasks.tiny.problems import (ANSWER_MARK, ModChainTask, Problem, answer_is_right,  # noqa: E402
                                            guessing_floor, make_task)
 
 PROBLEMS = [Problem("2+3-1=", "4", "5 4 #4"), Problem("1+4-1=", "4", "5 4 #4"), Problem("1+2+1=", "4", "3 4 #4"),

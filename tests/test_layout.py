@@ -192,9 +192,11 @@ def test_reachable_follows_imports_transitively():
 
 @pytest.mark.parametrize("package,forbidden", [
     # verl's only
-    ("verl_group_ppo.cpu", ("verl_group_ppo.demo", "verl_group_ppo.tinytask", "verl_group_ppo.mathtask")),
-    ("verl_group_ppo.tinytask", ("verl_group_ppo.demo", "verl_group_ppo.cpu", "verl_group_ppo.mathtask")),  # alone
-    ("verl_group_ppo.mathtask", ("verl_group_ppo.demo", "verl_group_ppo.tinytask", "verl_group_ppo.integration")),
+    ("verl_group_ppo.cpu", ("verl_group_ppo.demo", "verl_group_ppo.tasks")),
+    ("verl_group_ppo.tasks.tiny", ("verl_group_ppo.demo", "verl_group_ppo.cpu", "verl_group_ppo.tasks.maths")),  # alone
+    ("verl_group_ppo.tasks.maths", ("verl_group_ppo.demo", "verl_group_ppo.tasks.tiny", "verl_group_ppo.integration")),
+    # the tasks' room imports no verl glue
+    ("verl_group_ppo.tasks", ("verl_group_ppo.demo", "verl_group_ppo.integration")),
 ])
 def test_package_reaches_none_of_the_forbidden_ones(package, forbidden):
     graph = _import_graph()
@@ -206,7 +208,7 @@ def test_package_reaches_none_of_the_forbidden_ones(package, forbidden):
 def test_the_maths_task_uses_only_the_hf_samplers_module_of_the_cpu_backend():
     # prepare measures the model as the hf rollout samples; nothing else of the backend
     graph = _import_graph()
-    reached = {m for name in graph if _in_package(name, "verl_group_ppo.mathtask") for m in _reachable(graph, name)}
+    reached = {m for name in graph if _in_package(name, "verl_group_ppo.tasks.maths") for m in _reachable(graph, name)}
     assert {m for m in reached if _in_package(m, "verl_group_ppo.cpu")} == {"verl_group_ppo.cpu.generation"}
 
 
@@ -241,8 +243,8 @@ def test_importing_the_demo_loads_not_its_command_line():
 
 @pytest.mark.slow
 def test_the_reward_function_loads_neither_the_demo_nor_the_cpu_backend():
-    loaded = _modules_loaded_by("from verl_group_ppo.tinytask.reward import compute_score")
-    assert "verl_group_ppo.tinytask.reward" in loaded
+    loaded = _modules_loaded_by("from verl_group_ppo.tasks.reward import compute_score")
+    assert {"verl_group_ppo.tasks.tiny.reward", "verl_group_ppo.tasks.maths.reward"} <= loaded
     assert not {m for m in loaded if _in_package(m, "verl_group_ppo.demo") or _in_package(m, "verl_group_ppo.cpu")}
 
 

@@ -22,7 +22,7 @@ from verl.trainer.ppo.core_algos import compute_gae_advantage_return
 
 from verl_group_ppo.config import GroupParams, read_algorithm_settings
 from verl_group_ppo.core_algos import boundary_loss_weights, compute_group_ppo_outputs
-from verl_group_ppo.tinytask import prepare as prep
+from verl_group_ppo.tasks.tiny import prepare as prep
 
 REPO = Path(__file__).resolve().parents[1]
 RECORDED = REPO / "tests" / "data" / "multiturn_step2.groups.jsonl"

@@ -1,5 +1,5 @@
-"""The tiny tool task (``tinytask.tooluse``), its verl side (function tool, ``tinycalc`` format) and its token
-layout (``tinytask.tool_episodes``, through verl's Continuous Token builder)."""
+"""The tiny tool task (``tasks.tiny.tooluse``), its verl side (function tool, ``tinycalc`` format) and its token
+layout (``tasks.tiny.tool_episodes``, through verl's Continuous Token builder)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,13 @@ import random
 import pytest
 import torch
 
-from verl_group_ppo.tinytask import prepare as prep
-from verl_group_ppo.tinytask import tooluse
-from verl_group_ppo.tinytask.reward import TOOLS_SUFFIX, compute_score, data_source_for
-from verl_group_ppo.tinytask.tasks import ChainSumTask, split_problems
-from verl_group_ppo.tinytask.tool_episodes import EpisodeEncoder, episode_batch, sample_episodes
-from verl_group_ppo.tinytask.tooluse import (
+from verl_group_ppo.tasks.tiny import chat, variants
+from verl_group_ppo.tasks.tiny import prepare as prep
+from verl_group_ppo.tasks.tiny import tooluse
+from verl_group_ppo.tasks.tiny.reward import TOOLS_SUFFIX, compute_score, data_source_for
+from verl_group_ppo.tasks.tiny.problems import ChainSumTask, split_problems
+from verl_group_ppo.tasks.tiny.tool_episodes import EpisodeEncoder, episode_batch, sample_episodes
+from verl_group_ppo.tasks.tiny.tooluse import (
     CALL_CLOSE,
     CALL_OPEN,
     Episode,
@@ -41,7 +42,8 @@ def problems():
 @pytest.fixture(scope="module")
 def tool_tokenizer(problems):
     _, train, _ = problems
-    hf, _, _ = prep.train_tokenizer(prep.TOOLS.tokenizer_texts(train, TOOL_SETTINGS), 300, prep.TOOLS)
+    hf, _, _ = chat.train_tokenizer(variants.TOOLS.tokenizer_texts(train, TOOL_SETTINGS), 300, variants.TOOLS.chat_template,
+                                    variants.TOOLS.added_tokens)
     return hf
 
 
@@ -94,9 +96,9 @@ def test_multiturn_call_format_round_trips():
 def test_multiturn_reward_scores_the_final_answer_of_the_transcript(problems):
     task, train, _ = problems
     problem = train[0]
-    row = prep.verl_row(problem, task, "train", 0, prep.TOOLS)
+    row = variants.verl_row(problem, task, "train", 0, variants.TOOLS)
     assert row["agent_name"] == "tool_agent" and row["data_source"] == data_source_for("chain_sum", TOOLS_SUFFIX)
-    assert "agent_name" not in prep.verl_row(problem, task, "train", 0)
+    assert "agent_name" not in variants.verl_row(problem, task, "train", 0)
     good = f"{format_call(*(chain_steps(problem)[0], chain_steps(problem)[1][0]))}\ntool\n5\nassistant\n#{problem.answer}"
     args = (row["data_source"], good, problem.answer, row["extra_info"])
     assert compute_score(*args) == 1.0
@@ -142,7 +144,7 @@ def test_multiturn_episode_layout_masks_the_tool_reply(tool_tokenizer, problems)
 
 
 def test_multiturn_episode_batch_and_sampler_shapes(tool_tokenizer, problems):
-    from verl_group_ppo.tinytask.model import build_policy
+    from verl_group_ppo.tasks.tiny.model import build_policy
 
     task, train, test = problems
     encoder = EpisodeEncoder(tool_tokenizer)
@@ -163,7 +165,7 @@ def test_multiturn_tinycalc_parser_and_function_tool_through_verls_loaders(tool_
 
     import importlib.util
 
-    path = importlib.util.find_spec("verl_group_ppo.tinytask.calculator_tool").origin
+    path = importlib.util.find_spec("verl_group_ppo.tasks.tiny.calculator_tool").origin
     tools = load_function_tools_from_path(path)  # as verl's agent-loop worker loads function_tool_path
     assert [t.name for t in tools] == ["add"]
     schema = tools[0].tool_schema.model_dump()
@@ -173,7 +175,7 @@ def test_multiturn_tinycalc_parser_and_function_tool_through_verls_loaders(tool_
     ids = tool_tokenizer.encode("8 " + format_call(8, 8), add_special_tokens=False) + [tool_tokenizer.eos_token_id]
     content, calls = asyncio.run(parser.extract_tool_calls(ids))
     assert content == "8 " and [(c.name, json.loads(c.arguments)) for c in calls] == [("add", {"a": 8, "b": 8})]
-    from verl_group_ppo.tinytask import tool_parser
+    from verl_group_ppo.tasks.tiny import tool_parser
 
     tool_parser.register()  # again: no-op
     saved = ToolParser._registry["tinycalc"]
@@ -192,7 +194,7 @@ def test_multiturn_prepare_flags_take_the_tool_defaults():
             args.pop(key)
         settings = prep.settings_from_flags(args)
         assert settings.variant == "tools" and settings.warmstart_steps == 10
-        defaults = {k: v for k, v in prep.TOOLS.defaults.items() if k != "warmstart_steps"}
+        defaults = {k: v for k, v in variants.TOOLS.defaults.items() if k != "warmstart_steps"}
         assert defaults and {k: getattr(settings, k) for k in defaults} == defaults
     assert prep.settings_from_flags({"variant": None, "response_length": None}) == prep.PrepareSettings()
     assert prep.settings_from_flags({"variant": "tools", "model_size": "small"}).model_size == "small"
@@ -203,17 +205,17 @@ def test_multiturn_prepare_flags_take_the_tool_defaults():
     with pytest.raises(ValueError, match="tool_prob"):
         prep.PrepareSettings(variant="tools", tool_prob=1.5)
     with pytest.raises(RuntimeError, match="min-call-rate"):
-        prep.TOOLS.check({"sampled": 0.3, "call_rate": 0.2}, TOOL_SETTINGS)
+        variants.TOOLS.check({"sampled": 0.3, "call_rate": 0.2}, TOOL_SETTINGS)
     with pytest.raises(RuntimeError, match="min-sampled-accuracy"):
-        prep.TOOLS.check({"sampled": 0.0, "call_rate": 0.9}, TOOL_SETTINGS)
-    prep.SINGLE_TURN.check({"sampled": 0.3}, prep.PrepareSettings())  # no call rate to check
-    assert set(prep.VARIANTS) == {"single_turn", "tools"}
+        variants.TOOLS.check({"sampled": 0.0, "call_rate": 0.9}, TOOL_SETTINGS)
+    variants.SINGLE_TURN.check({"sampled": 0.3}, prep.PrepareSettings())  # no call rate to check
+    assert set(variants.VARIANTS) == {"single_turn", "tools"}
 
 
 def test_multiturn_tokenizer_texts_follow_the_settings_tool_prob(problems):
     _, train, _ = problems
-    never = prep.TOOLS.tokenizer_texts(train[:30], prep.PrepareSettings(variant="tools", tool_prob=0.0))
-    always = prep.TOOLS.tokenizer_texts(train[:30], prep.PrepareSettings(variant="tools", tool_prob=1.0))
+    never = variants.TOOLS.tokenizer_texts(train[:30], prep.PrepareSettings(variant="tools", tool_prob=0.0))
+    always = variants.TOOLS.tokenizer_texts(train[:30], prep.PrepareSettings(variant="tools", tool_prob=1.0))
     assert not [t for t in never if t.startswith("tool\n")]
     assert len([t for t in always if t.startswith("tool\n")]) == sum(len(chain_steps(p)[1]) for p in train[:30])
     assert not [t for t in always if CALL_OPEN in t or CALL_CLOSE in t]  # the markers are tokens of their own

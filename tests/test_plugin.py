@@ -425,7 +425,7 @@ def test_experimental_entry_points_are_refused_before_ray_starts(module, name):
 def test_entry_point_check_finds_the_module_of_a_ray_actor_class():
     import ray
 
-    from verl_group_ppo.integration.checks import check_entry_point
+    from verl_group_ppo.integration.startup import check_entry_point
 
     runner = type("FullyAsyncTaskRunner", (), {"__module__": "verl.experimental.fully_async_policy.fully_async_main"})
     with pytest.raises(ValueError, match="fully_async_policy entry point"):
@@ -436,7 +436,7 @@ def test_entry_point_check_finds_the_module_of_a_ray_actor_class():
 
 
 def test_run_ppo_wrapper_refuses_only_group_ppo_on_experimental_entry_points():
-    from verl_group_ppo.integration.checks import make_run_ppo
+    from verl_group_ppo.integration.startup import make_run_ppo
 
     calls = []
     run_ppo = make_run_ppo(lambda config, task_runner_class: calls.append(task_runner_class))
@@ -476,7 +476,7 @@ def test_no_accelerator_and_no_cpu_backend_is_refused_before_ray_starts():
     ({}, {}, True, False),
 ])
 def test_accelerator_check(environ, config, visible, refused):
-    from verl_group_ppo.integration.checks import check_accelerator
+    from verl_group_ppo.cpu.checks import check_accelerator
 
     if refused:
         with pytest.raises(RuntimeError, match="VERL_PLATFORM=cpu"):
@@ -490,7 +490,7 @@ def test_the_ray_address_override_the_refusal_names_composes_with_verls_config()
 
     from hydra.errors import ConfigCompositionException
 
-    from verl_group_ppo.integration.checks import check_accelerator
+    from verl_group_ppo.cpu.checks import check_accelerator
 
     with pytest.raises(RuntimeError) as refused:
         check_accelerator(U.compose_config(), environ={}, accelerator_visible=lambda: False)
@@ -503,16 +503,16 @@ def test_the_ray_address_override_the_refusal_names_composes_with_verls_config()
 
 
 def test_validate_config_wrapper_checks_group_ppo_only_before_ray(monkeypatch):
-    from verl_group_ppo.integration import checks
+    from verl_group_ppo.integration import startup
 
     seen = []
-    monkeypatch.setattr(checks, "check_accelerator", lambda config: seen.append("checked"))
-    validate_config = checks.make_validate_config(lambda config, **kwargs: seen.append(kwargs["use_critic"]))
-    monkeypatch.setattr(checks, "_ray_started", lambda: False)
+    monkeypatch.setattr(startup, "check_accelerator", lambda config: seen.append("checked"))
+    validate_config = startup.make_validate_config(lambda config, **kwargs: seen.append(kwargs["use_critic"]))
+    monkeypatch.setattr(startup, "_ray_started", lambda: False)
     sdpa = {"model": {"override_config": {"attn_implementation": "sdpa"}}}
     validate_config(config={"algorithm": {"adv_estimator": "gae"}, "critic": sdpa}, use_critic=1)
     validate_config(config={"algorithm": {"adv_estimator": "group_ppo"}, "critic": sdpa}, use_critic=2)
-    monkeypatch.setattr(checks, "_ray_started", lambda: True)  # inside Ray (a TaskRunner): nothing to say
+    monkeypatch.setattr(startup, "_ray_started", lambda: True)  # inside Ray (a TaskRunner): nothing to say
     validate_config({"algorithm": {"adv_estimator": "group_ppo"}}, use_critic=3)
     assert seen == [1, "checked", 2, 3]
 
@@ -522,12 +522,12 @@ def test_validate_config_names_the_attention_override_when_the_critic_would_need
     """verl's critic asks for flash_attention_2 unless told otherwise; without flash_attn the start-up check
     names the override before Ray starts, for any run that trains a critic, and says nothing without one."""
     from verl_group_ppo.cpu import valuehead
-    from verl_group_ppo.integration import checks
+    from verl_group_ppo.integration import startup
 
-    monkeypatch.setattr(checks, "check_accelerator", lambda config: None)
-    monkeypatch.setattr(checks, "_ray_started", lambda: False)
+    monkeypatch.setattr(startup, "check_accelerator", lambda config: None)
+    monkeypatch.setattr(startup, "_ray_started", lambda: False)
     monkeypatch.setattr(valuehead, "flash_attn_installed", lambda: False)
-    validate_config = checks.make_validate_config(lambda config, **kwargs: "verl ran")
+    validate_config = startup.make_validate_config(lambda config, **kwargs: "verl ran")
     config = {"algorithm": {"adv_estimator": estimator}}
     with pytest.raises(ValueError, match=r"\+critic\.model\.override_config\.attn_implementation=sdpa"):
         validate_config(config=config, use_reference_policy=False, use_critic=True)
@@ -548,14 +548,14 @@ def test_validate_config_stops_a_run_whose_scorer_cannot_import_naming_the_extra
     what the rows' scorers need first, for any estimator, and names the extra that installs it."""
     import importlib
 
-    from verl_group_ppo import reward
-    from verl_group_ppo.integration import checks
-    from verl_group_ppo.mathtask.task import ARITH_DATA_SOURCES
-    from verl_group_ppo.tinytask.reward import DATA_SOURCES as TINY
+    from verl_group_ppo.tasks import reward
+    from verl_group_ppo.integration import startup
+    from verl_group_ppo.tasks.maths.task import ARITH_DATA_SOURCES
+    from verl_group_ppo.tasks.tiny.reward import DATA_SOURCES as TINY
 
-    monkeypatch.setattr(checks, "check_accelerator", lambda config: None)
-    monkeypatch.setattr(checks, "_ray_started", lambda: False)
-    validate_config = checks.make_validate_config(lambda config, **kwargs: "verl ran")
+    monkeypatch.setattr(startup, "check_accelerator", lambda config: None)
+    monkeypatch.setattr(startup, "_ray_started", lambda: False)
+    validate_config = startup.make_validate_config(lambda config, **kwargs: "verl ran")
     tiny, arith = sorted(TINY)[0], sorted(ARITH_DATA_SOURCES)[0]
     real_import = importlib.import_module
 
@@ -566,7 +566,7 @@ def test_validate_config_stops_a_run_whose_scorer_cannot_import_naming_the_extra
 
     monkeypatch.setattr(reward.importlib, "import_module", no_reasoning_gym)
 
-    def config(train, val, path=checks.REWARD_PATH):
+    def config(train, val, path=reward.REWARD_PATH):
         return {"algorithm": {"adv_estimator": "grpo"}, "reward": {"custom_reward_function": {"path": path}},
                 "data": {"train_files": train, "val_files": val}}
 

@@ -2,7 +2,7 @@
 value loss, and the explained variance on held-out replies.
 
 The demo's value pretraining (:mod:`verl_group_ppo.demo.pretrain`) and the maths-question task's critic benchmark
-(:mod:`verl_group_ppo.mathtask.critic`) both measure and train a critic with these functions.
+(:mod:`verl_group_ppo.tasks.maths.critic`) both measure and train a critic with these functions.
 
 Layout (verl's): ``input_ids`` and ``attention_mask`` are (N, P + R), each prompt left-padded to the common width P
 and each reply right-padded to the common width R; ``response_mask`` is (N, R), 1 on reply tokens. The critic's

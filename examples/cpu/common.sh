@@ -14,7 +14,7 @@
 #                                          hf rollout; the backend sets what vLLM needs on a CPU, docs/cpu.md)
 #
 # Environment:
-#   TASK      tiny (default): the tiny task (a 0.56M-parameter model built by tinytask.prepare); arith: the
+#   TASK      tiny (default): the tiny task (a 0.56M-parameter model built by tasks.tiny.prepare); arith: the
 #             maths-question task's arithmetic variant (two- and three-step integer questions, free-form answers,
 #             one data source per module) answered by a pretrained LM, by default SmolLM2-135M-Instruct (4-bit GGUF
 #             weights converted once; docs/mathtask.md); twoway: the same model on DeepMind's two-way questions
@@ -23,15 +23,15 @@
 #             loop, the `add` function tool and the `tinycalc` call format; responses of up to 96 tokens,
 #             tool replies masked); default 0: the single-turn task
 #   Each task's numbers (prompt and reply length, prompts per step, responses per prompt, steps, learning rates,
-#   mini-batches, validation, threads, WORK_DIR) are its spec's: `python -m verl_group_ppo.task_specs shell TASK
+#   mini-batches, validation, threads, WORK_DIR) are its spec's: `python -m verl_group_ppo.tasks.launcher shell TASK
 #   MULTI_TURN` prints them as the variables this script reads in its one list of settings.
 #   WORK_DIR  the task's directory (default: the spec's, under the repository root: runs/cpu-tiny,
 #             runs/cpu-tiny-tools with MULTI_TURN=1, runs/cpu-arith, runs/cpu-twoway). Every run first calls the task's
-#             prepare (`python -m verl_group_ppo.tinytask.prepare [--tools]` or `verl_group_ppo.mathtask.prepare`
-#             --output-dir WORK_DIR), which builds WORK_DIR/model and WORK_DIR/data/{train,test}.parquet and
-#             its key file WORK_DIR/data/prepare.json (minutes), and does nothing (seconds) when the key file
+#             prepare (`python -m verl_group_ppo.tasks.tiny.prepare [--variant tools]` or
+#             `verl_group_ppo.tasks.maths.prepare` --output-dir WORK_DIR), which builds WORK_DIR/model and
+#             WORK_DIR/data/{train,test}.parquet and its key file WORK_DIR/data/prepare.json (minutes), and does nothing (seconds) when the key file
 #             holds the same settings. With MULTI_TURN=1 and actor_rollout_ref.rollout.name=vllm the default is
-#             runs/cpu-tiny-tools-small, the tool task on the `small` model (`prepare --tools --model-size
+#             runs/cpu-tiny-tools-small, the tool task on the `small` model (`prepare --variant tools --model-size
 #             small`): the tool task's `tiny` model has attention heads of 16 dimensions, which vLLM's CPU
 #             attention does not serve
 #   PREPARE   0: use WORK_DIR as it is, without calling prepare (a task prepared with other settings, e.g.
@@ -143,7 +143,7 @@ fi
 # project, prompt_length, response_length, train_batch, rollout_n, steps, actor_lr, critic_lr, actor_mini_batch,
 # critic_mini_batch, rank_unit, val_before_train, test_freq, threads, max_assistant_turns, value_group_size;
 # tool_file when multi-turn). A TASK or MULTI_TURN that names no task stops here.
-spec=$("$PYTHON" -m verl_group_ppo.task_specs shell "$TASK" "$MULTI_TURN") || exit 2
+spec=$("$PYTHON" -m verl_group_ppo.tasks.launcher shell "$TASK" "$MULTI_TURN") || exit 2
 eval "$spec"
 # mc and prefix_tree cut replies with the fixed rule at the spec's value_group_size tokens (the headroom benchmark:
 # on the tiny task's ~11-token replies, groups of 4 leave 88% of the return variance to inner boundaries)
@@ -179,7 +179,7 @@ case "${PREPARE:-1}" in
   0) ;;
   *) echo "common.sh: PREPARE='$PREPARE' must be 0 or 1" >&2; exit 2 ;;
 esac
-# a model folder given random weights for a timing-only run (python -m verl_group_ppo.mathtask.checkpoint
+# a model folder given random weights for a timing-only run (python -m verl_group_ppo.tasks.maths.checkpoint
 # random-weights) says so at the top of the run's log
 if grep -qs '"random-weights"' "$WORK_DIR/model/verl_group_ppo_model.json"; then
   echo "common.sh: $WORK_DIR/model holds RANDOM WEIGHTS: a timing-only run, every score in it is meaningless" >&2

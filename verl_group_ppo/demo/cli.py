@@ -147,8 +147,8 @@ def _worker_init(queue, ctx_blob: dict) -> None:
 
 
 def _worker_run(estimator: str, seed: int) -> dict:
-    from verl_group_ppo.tinytask.tasks import make_task
-    from verl_group_ppo.tinytask.tokenizer import CharTokenizer
+    from verl_group_ppo.tasks.tiny.problems import make_task
+    from verl_group_ppo.tasks.tiny.tokenizer import CharTokenizer
 
     from .rl import run_one
 
@@ -262,10 +262,10 @@ def setup_demo(opts: DemoOptions, cfg: RunConfig, device: str = "cpu", log=print
     critic (cached there too, :mod:`.pretrain`). ``opts.output_dir`` must be set."""
     from tqdm.auto import tqdm
 
-    from verl_group_ppo.tinytask.evaluation import evaluate
-    from verl_group_ppo.tinytask.tasks import make_task, parse_terms, split_problems
-    from verl_group_ppo.tinytask.tokenizer import CharTokenizer
-    from verl_group_ppo.tinytask.warmstart import load_or_train_warmstart, mean_solution_steps
+    from verl_group_ppo.tasks.tiny.evaluation import evaluate
+    from verl_group_ppo.tasks.tiny.problems import make_task, parse_terms, split_problems
+    from verl_group_ppo.tasks.tiny.tokenizer import CharTokenizer
+    from verl_group_ppo.tasks.tiny.warmstart import load_or_train_warmstart, mean_solution_steps
 
     from .pretrain import pretrained_critic_state
 
@@ -305,14 +305,14 @@ def setup_demo(opts: DemoOptions, cfg: RunConfig, device: str = "cpu", log=print
 
 def calibrated_warmstart(opts: DemoOptions, steps_per_solution: float, warm_start, log=print, tries: int = 3):
     """The warm start RL starts from, with room to learn: ``warm_start(steps, slip_prob) -> (policy, info,
-    sampled accuracy)`` is called until the accuracy is in :data:`~verl_group_ppo.tinytask.warmstart.ROOM`.
+    sampled accuracy)`` is called until the accuracy is in :data:`~verl_group_ppo.tasks.tiny.warmstart.ROOM`.
 
     Unset ``--warmstart-steps`` / ``--warmstart-slip-prob`` take the chain length's automatic values; an
     automatic slip probability is then rescaled from the measured accuracy, at most ``tries`` warm starts in
     all (each one cached). A given slip probability is used as it is. RuntimeError (naming the flags) when the
-    last warm start samples under :data:`~verl_group_ppo.tinytask.warmstart.MIN_SAMPLED_ACCURACY` correct.
+    last warm start samples under :data:`~verl_group_ppo.tasks.tiny.warmstart.MIN_SAMPLED_ACCURACY` correct.
     """
-    from verl_group_ppo.tinytask import warmstart as ws
+    from verl_group_ppo.tasks.tiny import warmstart as ws
 
     steps = opts.warmstart_steps or ws.auto_warmstart_steps(steps_per_solution)
     auto = opts.warmstart_slip_prob is None

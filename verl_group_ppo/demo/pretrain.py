@@ -25,11 +25,11 @@ import torch
 
 from verl_group_ppo.critic_readout import (NO_CLIP, ScoredReplies, WarmupSettings, heldout_explained_variance,
                                            lambda_returns, predict_values, warmup_update)
-from verl_group_ppo.taskdir import write_file
-from verl_group_ppo.tinytask.evaluation import rewards_for
-from verl_group_ppo.tinytask.model import build_critic, sample
-from verl_group_ppo.tinytask.tasks import Problem, Task
-from verl_group_ppo.tinytask.tokenizer import CharTokenizer
+from verl_group_ppo.files import write_file
+from verl_group_ppo.tasks.tiny.evaluation import rewards_for
+from verl_group_ppo.tasks.tiny.model import build_critic, sample
+from verl_group_ppo.tasks.tiny.problems import Problem, Task
+from verl_group_ppo.tasks.tiny.tokenizer import CharTokenizer
 
 from .optim import minibatches, set_warmup_lr
 from .options import option
@@ -103,7 +103,7 @@ def sample_scored(policy, task: Task, tok: CharTokenizer, problems: list[Problem
                   generator: torch.Generator, temperature: float = 1.0) -> ScoredReplies:
     """One response per entry of ``problems`` from ``policy`` (no gradient), scored by the verifier; tensors on the
     policy's device."""
-    from verl_group_ppo.tinytask.warmstart import encode_prompt
+    from verl_group_ppo.tasks.tiny.warmstart import encode_prompt
 
     with torch.no_grad():
         rollout = sample(policy, [encode_prompt(tok, p) for p in problems], response_len, tok.pad_id, tok.eos_id,

@@ -73,8 +73,8 @@ def monte_carlo_values(policy, task, tok, problems, rollout, k: int, response_le
                        chunk: int = 1024) -> torch.Tensor:
     """(B, T) ``V_mc[b, t]``: the mean verifier reward of ``k`` completions sampled from the prompt plus the
     response's first ``t`` tokens (the state before token t), with the remaining token budget; 0 at masked t."""
-    from verl_group_ppo.tinytask.model import sample
-    from verl_group_ppo.tinytask.warmstart import encode_prompt
+    from verl_group_ppo.tasks.tiny.model import sample
+    from verl_group_ppo.tasks.tiny.warmstart import encode_prompt
 
     responses = rollout.responses.tolist()
     lengths = rollout.response_mask.sum(-1).long().tolist()
@@ -102,9 +102,9 @@ def _completion_scores(task, tok, problems, heads: list[list[int]], tails: list[
 def sample_probe_batch(policy, critic, setup, opts: ProbeOptions, generator) -> ProbeBatch:
     """Sample ``prompts x samples`` held-out responses and measure them (critic values, MC values, first wrong token)."""
     from verl_group_ppo.critic_readout import critic_values
-    from verl_group_ppo.tinytask.evaluation import rewards_for
-    from verl_group_ppo.tinytask.model import log_probs_and_entropy, sample
-    from verl_group_ppo.tinytask.warmstart import encode_prompt
+    from verl_group_ppo.tasks.tiny.evaluation import rewards_for
+    from verl_group_ppo.tasks.tiny.model import log_probs_and_entropy, sample
+    from verl_group_ppo.tasks.tiny.warmstart import encode_prompt
 
     task, tok, cfg = setup.task, setup.tok, setup.cfg
     problems = [p for p in setup.evals[:opts.prompts] for _ in range(opts.samples)]

@@ -23,10 +23,10 @@ import torch
 from omegaconf import OmegaConf
 
 from verl_group_ppo.critic_readout import critic_values
-from verl_group_ppo.tinytask.evaluation import evaluate, rewards_for
-from verl_group_ppo.tinytask.model import Rollout, build_critic, log_probs_and_entropy, sample
-from verl_group_ppo.tinytask.tasks import Problem, Task
-from verl_group_ppo.tinytask.tokenizer import CharTokenizer
+from verl_group_ppo.tasks.tiny.evaluation import evaluate, rewards_for
+from verl_group_ppo.tasks.tiny.model import Rollout, build_critic, log_probs_and_entropy, sample
+from verl_group_ppo.tasks.tiny.problems import Problem, Task
+from verl_group_ppo.tasks.tiny.tokenizer import CharTokenizer
 
 from .arms import BOUNDARIES, AdvantageInputs, Advantages, Arm, get_arm
 from .optim import gradient_step, minibatches, set_warmup_lr
@@ -150,7 +150,7 @@ def build_learner(arm: Arm, seed: int, cfg: RunConfig, tok: CharTokenizer, init_
     from verl_group_ppo.config import read_algorithm_settings
     from verl_group_ppo.core_algos import AdaptiveThreshold
 
-    from verl_group_ppo.tinytask.model import build_policy
+    from verl_group_ppo.tasks.tiny.model import build_policy
 
     set_seed(seed)
     settings = read_algorithm_settings(cfg.algorithm_config(arm))
@@ -175,7 +175,7 @@ def build_learner(arm: Arm, seed: int, cfg: RunConfig, tok: CharTokenizer, init_
 
 def collect(learner: Learner, cfg: RunConfig, task: Task, tok: CharTokenizer, train: list[Problem]) -> StepBatch:
     """Draw ``prompts_per_step`` prompts, sample ``n_samples`` responses each, verify, score old log-probs/values."""
-    from verl_group_ppo.tinytask.warmstart import encode_prompt
+    from verl_group_ppo.tasks.tiny.warmstart import encode_prompt
 
     pidx = learner.prompt_rng.choice(len(train), size=cfg.prompts_per_step, replace=False)
     problems = [train[i] for i in pidx for _ in range(cfg.n_samples)]

@@ -7,7 +7,7 @@ module                   what it holds
 ``hooks``                post-import hooks (run an install right after verl executes a module)
 ``failures``             the install-failure record (read by the start-up checks and the estimator)
 ``estimator``            the registered ``group_ppo`` estimator and the context that feeds it values
-``checks``               start-up checks: ``need_critic`` for group_ppo, launch checks before Ray starts
+``startup``              what runs in front of verl's ``need_critic``, ``validate_config`` and ``run_ppo``
 ``trainer``              the trainer mixin over verl's three v1 trainers; installs them on import
 ``critic_loss``          the boundary critic loss in verl's loss-function convention
 ``checkpoint``           the threshold's state file in verl's checkpoint folders
@@ -15,7 +15,7 @@ module                   what it holds
 =======================  ===========================================================================
 
 Import order (no cycle, run-time imports included): ``entry_point`` imports ``hooks`` and ``failures``
-and, when the hooked verl modules are imported, ``estimator``, ``checks`` and ``trainer``; nothing here
+and, when the hooked verl modules are imported, ``estimator``, ``startup`` and ``trainer``; nothing here
 imports ``entry_point``. This package's ``__init__`` imports only the standard library.
 """
 

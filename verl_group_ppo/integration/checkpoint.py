@@ -14,7 +14,7 @@ from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
 
 from verl_group_ppo.config import GroupParams
 from verl_group_ppo.core_algos import AdaptiveThreshold
-from verl_group_ppo.taskdir import write_json
+from verl_group_ppo.files import write_json
 
 STATE_FILE = "group_ppo_state.json"
 """GROUP-PPO's trainer state inside verl's ``global_step_N`` checkpoint folder."""

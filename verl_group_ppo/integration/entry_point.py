@@ -52,21 +52,21 @@ def register_estimator(core_algos: ModuleType) -> None:
 
 def install_need_critic(ppo_utils: ModuleType) -> None:
     """Replace ``verl.trainer.ppo.utils.need_critic`` before any verl module imports it by name."""
-    from verl_group_ppo.integration.checks import make_need_critic
+    from verl_group_ppo.integration.startup import make_need_critic
 
     _wrap(ppo_utils, "need_critic", make_need_critic)
 
 
 def install_validate_config(config_module: ModuleType) -> None:
     """Replace ``verl.utils.config.validate_config`` before verl's entry points import it by name."""
-    from verl_group_ppo.integration.checks import make_validate_config
+    from verl_group_ppo.integration.startup import make_validate_config
 
     _wrap(config_module, "validate_config", make_validate_config)
 
 
 def install_run_ppo(main_ppo: ModuleType) -> None:
     """Replace ``verl.trainer.main_ppo.run_ppo`` (verl's experimental entry points import it at call time)."""
-    from verl_group_ppo.integration.checks import make_run_ppo
+    from verl_group_ppo.integration.startup import make_run_ppo
 
     _wrap(main_ppo, "run_ppo", make_run_ppo)
 

@@ -29,7 +29,7 @@ from typing import Any, Sequence
 
 import torch
 
-from verl_group_ppo.taskdir import write_file
+from verl_group_ppo.files import write_file
 
 GROUPS_FILE_SUFFIX = ".groups.jsonl"
 

@@ -54,7 +54,7 @@ from verl_group_ppo.config import GROUP_PARAMS_PATH, AlgorithmSettings, read_alg
 from verl_group_ppo import values
 from verl_group_ppo.core_algos import AdaptiveThreshold, GroupPPOOutputs, boundary_loss_weights
 from verl_group_ppo.integration import ESTIMATOR_NAME, checkpoint, rollout_groups
-from verl_group_ppo.integration.checks import is_group_ppo
+from verl_group_ppo.integration.startup import is_group_ppo
 from verl_group_ppo.integration.critic_loss import CRITIC_WEIGHTS_KEY, make_critic_loss_fn
 from verl_group_ppo.integration.estimator import estimator_inputs
 from verl_group_ppo.integration.failures import guarded
