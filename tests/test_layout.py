@@ -192,7 +192,11 @@ def test_reachable_follows_imports_transitively():
 
 @pytest.mark.parametrize("package,forbidden", [
     # verl's only
-    ("verl_group_ppo.cpu", ("verl_group_ppo.demo", "verl_group_ppo.tinytask", "verl_group_ppo.mathtask")),
+    ("verl_group_ppo.cpu", ("verl_group_ppo.demo", "verl_group_ppo.tinytask", "verl_group_ppo.mathtask",
+                            "verl_group_ppo.rollout")),
+    # any verl run's, any platform's
+    ("verl_group_ppo.rollout", ("verl_group_ppo.demo", "verl_group_ppo.tinytask", "verl_group_ppo.mathtask",
+                                "verl_group_ppo.integration")),
     ("verl_group_ppo.tinytask", ("verl_group_ppo.demo", "verl_group_ppo.cpu", "verl_group_ppo.mathtask")),  # alone
     ("verl_group_ppo.mathtask", ("verl_group_ppo.demo", "verl_group_ppo.tinytask", "verl_group_ppo.integration")),
 ])
@@ -203,11 +207,23 @@ def test_package_reaches_none_of_the_forbidden_ones(package, forbidden):
         assert not bad, f"{name} imports {sorted(bad)}"
 
 
-def test_the_maths_task_uses_only_the_hf_samplers_module_of_the_cpu_backend():
-    # prepare measures the model as the hf rollout samples; nothing else of the backend
+def test_the_maths_task_uses_only_the_hf_rollouts_sampling_and_nothing_of_the_cpu_backend():
+    # prepare measures the model as the hf rollout samples; nothing else of the rollout, nothing of the backend
     graph = _import_graph()
     reached = {m for name in graph if _in_package(name, "verl_group_ppo.mathtask") for m in _reachable(graph, name)}
-    assert {m for m in reached if _in_package(m, "verl_group_ppo.cpu")} == {"verl_group_ppo.cpu.generation"}
+    assert {m for m in reached if _in_package(m, "verl_group_ppo.rollout")} == {"verl_group_ppo.rollout.generation"}
+    assert not {m for m in reached if _in_package(m, "verl_group_ppo.cpu")}
+
+
+def test_the_hf_rollouts_registration_imports_only_the_standard_library():
+    """verl_group_ppo.rollout registers the rollout by name in every verl process: importing it must load nothing of
+    the rollout (nor torch, ray or verl)."""
+    import sys
+
+    tree = _sources()["verl_group_ppo.rollout"]
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert imported and not {m for m in imported if m.split(".")[0] not in sys.stdlib_module_names | {"__future__"}}
 
 
 def test_demo_package_imports_no_submodule_at_import_time():
