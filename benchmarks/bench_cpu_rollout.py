@@ -99,7 +99,7 @@ def hf_generate(directory: str, prompts: list[list[int]], tokens: int) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from verl_group_ppo.cpu.generation import SamplingRequest, generate_batch
+    from verl_group_ppo.rollout.generation import SamplingRequest, generate_batch
 
     model, load = timed(lambda: AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32,
                                                                      attn_implementation="sdpa").eval())

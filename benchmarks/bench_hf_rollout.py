@@ -53,7 +53,7 @@ def time_rollout(server: Any, prompts: list[list[int]]) -> float:
 
 def time_hf_generate(model: Any, prompts: list[list[int]], response_length: int) -> float:
     """Seconds for one left-padded batched ``generate`` of ``prompts``, log-probs of sampled tokens included."""
-    from verl_group_ppo.cpu.generation import left_pad
+    from verl_group_ppo.rollout.generation import left_pad
 
     input_ids, attention_mask = left_pad(prompts, pad_id=0)
     start = time.perf_counter()
@@ -72,7 +72,7 @@ def start_server(model_dir: str, args: argparse.Namespace) -> Any:
     import ray
     from omegaconf import OmegaConf
 
-    from verl_group_ppo.cpu.rollout import HFRolloutServer
+    from verl_group_ppo.rollout.server import HFRolloutServer
 
     config = OmegaConf.create({"prompt_length": args.max_prompt_len, "response_length": args.response_length,
                                "seed": 0, "max_num_seqs": max(256, args.responses), "ignore_eos": True})

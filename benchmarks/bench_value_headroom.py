@@ -332,7 +332,7 @@ class Sampler:
         tokens; returns (the completions, (J,) scores of prefix + completion)."""
         import torch
 
-        from verl_group_ppo.cpu.generation import SamplingRequest, generate_batch
+        from verl_group_ppo.rollout.generation import SamplingRequest, generate_batch
 
         s = self.setup
         gen = torch.Generator().manual_seed(seed)

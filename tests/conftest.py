@@ -39,12 +39,26 @@ def ray_tq():
         ray.shutdown()
 
 
+@pytest.fixture(scope="module")
+def local_ray():
+    """A local Ray (2 CPUs, no dashboard) for one test module, without TransferQueue; shut down after the module
+    unless Ray was already running."""
+    import ray
+
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    if started:
+        ray.shutdown()
+
+
 # --------------------------------------------------------------------------------------------------
 # Test tiers: `pytest -m "not slow"` is the quick loop. A test that starts Ray, a subprocess or main_ppo is
 # marked slow; Ray users (through the ray_tq fixture) are marked here, and an unmarked test that starts a
 # process fails, so the quick loop stays quick.
 
-RAY_FIXTURES = ("ray_tq",)
+RAY_FIXTURES = ("ray_tq", "local_ray")
 
 
 def pytest_sessionstart(session):

@@ -1,4 +1,5 @@
-"""Contract: the verl 0.9 internals the CPU backend (``verl_group_ppo.cpu``) relies on.
+"""Contract: the verl 0.9 internals the CPU backend (``verl_group_ppo.cpu``) and the ``hf`` rollout
+(``verl_group_ppo.rollout``) rely on.
 
 Each test checks one fact, by behaviour where that is cheap and by signature or source otherwise, and its
 message names what changed in verl and which backend module depends on it. A failure here after a verl
@@ -25,14 +26,25 @@ def _params(func) -> list[str]:
 
 
 def test_platform_registry_and_verl_platform_env(monkeypatch):
+    """What register_cpu_platform and check_active_platform rely on: a class registered under a name is found
+    by it, VERL_PLATFORM picks the name, and get_platform builds that class once and caches the instance."""
     from verl.plugin.platform import PlatformBase, PlatformRegistry, platform_manager
 
-    for name in ("register", "get", "registered_names"):
-        assert callable(getattr(PlatformRegistry, name, None)), f"PlatformRegistry.{name} is gone (platform.py uses it)"
+    from verl_group_ppo.cpu.platform import CPUPlatform
+
+    monkeypatch.setattr(PlatformRegistry, "_platforms", dict(PlatformRegistry._platforms))
+    monkeypatch.setattr(platform_manager, "_current_platform", None)
+    PlatformRegistry.register("cpu")(CPUPlatform)
+    assert PlatformRegistry.get("cpu") is CPUPlatform and "cpu" in PlatformRegistry.registered_names(), \
+        "PlatformRegistry no longer finds a registered platform by its name (platform.py registers 'cpu')"
     monkeypatch.setenv("VERL_PLATFORM", " CPU ")
     assert platform_manager._detect_platform_name() == "cpu", \
         "verl no longer picks its platform from VERL_PLATFORM (platform_manager._detect_platform_name)"
-    assert callable(getattr(platform_manager, "get_platform", None)) and PlatformBase is not None
+    resolved = platform_manager.get_platform()
+    assert type(resolved) is CPUPlatform and isinstance(resolved, PlatformBase), \
+        f"get_platform() with VERL_PLATFORM=cpu built {type(resolved).__name__}, not the registered CPUPlatform"
+    assert platform_manager.get_platform() is resolved, \
+        "get_platform() no longer caches its platform (check_active_platform reads the cached one)"
 
 
 def test_platform_base_abstract_interface_is_what_cpu_platform_implements():
@@ -181,7 +193,7 @@ def test_override_config_attention_reaches_the_hf_config():
 
 
 # ==================================================================================================
-# the hf rollout (verl_group_ppo/cpu/rollout.py)
+# the hf rollout (verl_group_ppo/rollout/)
 
 
 def test_rollout_registries():
@@ -261,7 +273,7 @@ def test_naive_weight_sync_path():
 def test_rollout_config_fields(key):
     from verl.workers.config import RolloutConfig
 
-    assert key in RolloutConfig.__dataclass_fields__, f"RolloutConfig.{key} is gone (rollout.py reads it)"
+    assert key in RolloutConfig.__dataclass_fields__, f"RolloutConfig.{key} is gone (the hf rollout reads it)"
 
 
 def test_checkpoint_engine_interface_for_separate_async():
@@ -279,7 +291,7 @@ def test_checkpoint_engine_interface_for_separate_async():
 
 
 # ==================================================================================================
-# replay-buffer poll interval (verl_group_ppo/cpu/sampler.py)
+# replay-buffer poll interval (verl_group_ppo/rollout/sampler.py)
 
 
 def test_custom_sampler_hook_and_the_kwargs_it_passes():

@@ -205,7 +205,7 @@ def _launcher_args(tmp_path: Path, *extra: str) -> list[str]:
 
 @pytest.mark.slow
 def test_launcher_plugs_in_the_short_poll_sampler_unless_the_run_needs_verls_own(tmp_path):
-    hook = "trainer.v1.sampler.custom_sampler.path=pkg://verl_group_ppo.cpu.sampler"
+    hook = "trainer.v1.sampler.custom_sampler.path=pkg://verl_group_ppo.rollout.sampler"
     args = _launcher_args(tmp_path)
     assert args[:2] == ["-m", "verl.trainer.main_ppo"]
     assert hook in args and "trainer.v1.sampler.custom_sampler.name=replay_buffer" in args
@@ -227,7 +227,7 @@ def test_launcher_computes_in_fp32_and_reuses_rollout_log_probs_unless_rollout_c
     assert bypass not in asked and asked[-1] == "algorithm.rollout_correction.rollout_rs=token_k1"
 
 
-SAMPLER_HOOK = "trainer.v1.sampler.custom_sampler.path=pkg://verl_group_ppo.cpu.sampler"
+SAMPLER_HOOK = "trainer.v1.sampler.custom_sampler.path=pkg://verl_group_ppo.rollout.sampler"
 BYPASS = "algorithm.rollout_correction.bypass_mode=True"
 
 

@@ -163,11 +163,26 @@ def test_no_function_over_60_lines():
     assert _long_functions() == []
 
 
-@pytest.mark.parametrize("name", ["compute_group_advantage", "find_group_endpoints", "create_critic_endpoint_mask"])
-def test_mission_names_stay_importable(name):
-    import verl_group_ppo.core_algos as core
+def test_mission_names_stay_importable_from_core_algos_and_do_what_the_card_says():
+    """The design card's three names, from ``verl_group_ppo.core_algos``, on one response of 5 tokens cut every 2
+    tokens (groups [0, 1], [2, 3], [4]), worked by hand with gamma = lam = 1 and no normalisation: the group
+    advantage is the rewards to the response's end minus V at the group's first token."""
+    import torch
 
-    assert callable(getattr(core, name))
+    from verl_group_ppo.core_algos import (compute_group_advantage, create_critic_endpoint_mask,
+                                           find_group_endpoints)
+
+    rewards, mask = torch.tensor([[0.0, 0.0, 1.0, 0.0, 2.0]]), torch.ones(1, 5)
+    values = torch.tensor([[0.5, 0.0, 0.0, 0.0, 0.0]])
+    ends = find_group_endpoints(rewards, mask, boundary_rule="fixed", group_max_size=2)
+    assert ends.tolist() == [[False, True, False, True, True]]
+    critic_mask = create_critic_endpoint_mask(mask, torch.tensor([[1, 1, 2, 2, 3]]))
+    assert critic_mask.tolist() == [[1.0, 0.0, 1.0, 0.0, 1.0]]
+    config = {"gamma": 1.0, "lam": 1.0, "group_params": {"boundary_rule": "fixed", "group_max_size": 2,
+                                                         "adv_norm": "none", "policy_lam": 1.0}}
+    advantages, returns = compute_group_advantage(rewards, mask, values=values, config=config)
+    assert advantages.tolist() == [[2.5, 2.5, 3.0, 3.0, 2.0]]
+    assert returns.tolist() == [[3.0, 3.0, 3.0, 2.0, 2.0]]
 
 
 def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
@@ -192,7 +207,9 @@ def test_reachable_follows_imports_transitively():
 
 @pytest.mark.parametrize("package,forbidden", [
     # verl's only
-    ("verl_group_ppo.cpu", ("verl_group_ppo.demo", "verl_group_ppo.tasks")),
+    ("verl_group_ppo.cpu", ("verl_group_ppo.demo", "verl_group_ppo.tasks", "verl_group_ppo.rollout")),
+    # any verl run's, any platform's
+    ("verl_group_ppo.rollout", ("verl_group_ppo.demo", "verl_group_ppo.tasks", "verl_group_ppo.integration")),
     ("verl_group_ppo.tasks.tiny", ("verl_group_ppo.demo", "verl_group_ppo.cpu", "verl_group_ppo.tasks.maths")),  # alone
     ("verl_group_ppo.tasks.maths", ("verl_group_ppo.demo", "verl_group_ppo.tasks.tiny", "verl_group_ppo.integration")),
     # the tasks' room imports no verl glue
@@ -205,11 +222,23 @@ def test_package_reaches_none_of_the_forbidden_ones(package, forbidden):
         assert not bad, f"{name} imports {sorted(bad)}"
 
 
-def test_the_maths_task_uses_only_the_hf_samplers_module_of_the_cpu_backend():
-    # prepare measures the model as the hf rollout samples; nothing else of the backend
+def test_the_maths_task_uses_only_the_hf_rollouts_sampling_and_nothing_of_the_cpu_backend():
+    # prepare measures the model as the hf rollout samples; nothing else of the rollout, nothing of the backend
     graph = _import_graph()
     reached = {m for name in graph if _in_package(name, "verl_group_ppo.tasks.maths") for m in _reachable(graph, name)}
-    assert {m for m in reached if _in_package(m, "verl_group_ppo.cpu")} == {"verl_group_ppo.cpu.generation"}
+    assert {m for m in reached if _in_package(m, "verl_group_ppo.rollout")} == {"verl_group_ppo.rollout.generation"}
+    assert not {m for m in reached if _in_package(m, "verl_group_ppo.cpu")}
+
+
+def test_the_hf_rollouts_registration_imports_only_the_standard_library():
+    """verl_group_ppo.rollout registers the rollout by name in every verl process: importing it must load nothing of
+    the rollout (nor torch, ray or verl)."""
+    import sys
+
+    tree = _sources()["verl_group_ppo.rollout"]
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert imported and not {m for m in imported if m.split(".")[0] not in sys.stdlib_module_names | {"__future__"}}
 
 
 def test_demo_package_imports_no_submodule_at_import_time():

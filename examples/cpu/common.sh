@@ -216,13 +216,13 @@ export WANDB_MODE=${WANDB_MODE:-disabled} HYDRA_FULL_ERROR=1 RAY_DEDUP_LOGS=0
 # +0.052 to +0.114 (three runs of these settings; run-to-run spread from how the rollout's batches form); docs/cpu.md.
 # The twoway task's shape was chosen by benchmarks/bench_mathtask_speed.py (docs/mathtask.md, "Speed").
 micro_batch=$((rank_unit / N_RANKS < 32 ? rank_unit / N_RANKS : 32))
-# verl's replay buffer polled every 0.2 s instead of 2 s (verl_group_ppo/cpu/sampler.py). verl hands a custom
+# verl's replay buffer polled every 0.2 s instead of 2 s (verl_group_ppo/rollout/sampler.py). verl hands a custom
 # sampler no DAPO / failed-group refill settings, so it is left out when the run asks for those.
 if has_key_prefix algorithm.filter_groups || has_key trainer.v1.sampler.sync_refill_failed_groups ||
    has_key_prefix trainer.v1.sampler.custom_sampler; then
   sampler=()
 else
-  sampler=(trainer.v1.sampler.custom_sampler.path=pkg://verl_group_ppo.cpu.sampler
+  sampler=(trainer.v1.sampler.custom_sampler.path=pkg://verl_group_ppo.rollout.sampler
            trainer.v1.sampler.custom_sampler.name=replay_buffer)
 fi
 

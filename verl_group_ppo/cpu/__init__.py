@@ -17,14 +17,11 @@ which then installs, in that process:
 For verl's ``separate_async`` trainer, :mod:`~verl_group_ppo.cpu.checkpoint` adds a checkpoint engine that
 moves weights through Ray's object store (selected by two overrides; see that module).
 
-Two parts of this package serve every platform, and the plugin installs them whatever ``VERL_PLATFORM``
-says (:mod:`verl_group_ppo.integration.entry_point`), each when verl imports the module it extends:
-
-* the ``hf`` rollout (:mod:`~verl_group_ppo.cpu.rollout`), registered by name only
-  (:func:`register_hf_adapter`, :func:`register_hf_replica`): ``actor_rollout_ref.rollout.name=hf``
-  generates on the trainer's device, CPU or CUDA;
-* a critic value-model loader that uses the configured attention instead of flash-attn
-  (:mod:`~verl_group_ppo.cpu.valuehead`).
+One part of this package serves every platform, and the plugin installs it whatever ``VERL_PLATFORM``
+says (:mod:`verl_group_ppo.integration.entry_point`) when verl imports ``verl.utils.model``: a critic
+value-model loader that uses the configured attention instead of flash-attn (:mod:`~verl_group_ppo.cpu.valuehead`).
+The ``hf`` rollout, ``actor_rollout_ref.rollout.name=hf``, which a CPU run generates with, is its own package
+(:mod:`verl_group_ppo.rollout`): it runs on CPU and CUDA alike.
 
 Without ``VERL_PLATFORM=cpu`` the backend itself does nothing: no import beyond the standard library, no
 change to verl or to the environment. The backend is independent of the advantage estimator (gae, grpo,
@@ -34,21 +31,12 @@ float32, ...) are listed in ``docs/cpu.md``.
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import sys
-from types import ModuleType
 
 PLATFORM_ENV = "VERL_PLATFORM"
 """The environment variable verl reads to pick its platform; ``cpu`` turns this backend on."""
-
-HF_ROLLOUT_NAME = "hf"
-"""The value of ``actor_rollout_ref.rollout.name`` that selects the CPU backend's own (``hf``) rollout."""
-
-ROLLOUT_MODULE = "verl_group_ppo.cpu.rollout"
-ADAPTER_PATH = f"{ROLLOUT_MODULE}.HFRolloutAdapter"
-"""Where verl's ``get_rollout_class`` imports the rollout adapter from."""
 
 logger = logging.getLogger("verl_group_ppo.cpu")
 
@@ -96,35 +84,7 @@ def _install() -> None:
     distributed.patch_init_process_group()
     fsdp1.patch_fsdp1()
     valuehead.patch_valuehead_loader()
-    _register_hf_rollout()
     vllm_rollout.register_vllm_rollout()
-
-
-def _register_hf_rollout() -> None:
-    """Both halves of the ``hf`` rollout's registration (the plugin also does each when verl imports its module)."""
-    from verl.workers.rollout import base as rollout_base
-    from verl.workers.rollout import replica as rollout_replica
-
-    register_hf_adapter(rollout_base)
-    register_hf_replica(rollout_replica)
-
-
-def register_hf_adapter(rollout_base: ModuleType) -> None:
-    """Name the ``hf`` adapter in ``verl.workers.rollout.base._ROLLOUT_REGISTRY`` (a dotted path: verl imports
-    the module only when a run uses it). Idempotent; ``rollout_base`` is that verl module."""
-    rollout_base._ROLLOUT_REGISTRY[(HF_ROLLOUT_NAME, "async")] = ADAPTER_PATH
-
-
-def register_hf_replica(rollout_replica: ModuleType) -> None:
-    """Register the ``hf`` replica loader in ``verl.workers.rollout.replica.RolloutReplicaRegistry`` without
-    importing the rollout (a Ray actor that unpickles the rollout server imports it first, and verl's plugin
-    load inside that import must not need it). Idempotent; ``rollout_replica`` is that verl module."""
-    rollout_replica.RolloutReplicaRegistry.register(HF_ROLLOUT_NAME, _load_hf_replica)
-
-
-def _load_hf_replica() -> type:
-    """The ``hf`` replica class (verl calls this when ``rollout.name=hf``)."""
-    return importlib.import_module(ROLLOUT_MODULE).HFRolloutReplica
 
 
 if is_requested() and "verl" not in sys.modules:

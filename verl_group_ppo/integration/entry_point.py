@@ -12,8 +12,10 @@ verl module imported                 what is installed
 ``verl.utils.config``                ``validate_config``: the accelerator check for ``group_ppo`` before Ray starts
 ``verl.trainer.main_ppo``            ``run_ppo``: refuses verl's fully_async / one_step_off_policy entry points
 ``verl.trainer.ppo.v1``              our trainer module, which puts its classes into ``TRAINER_REGISTRY``
-``verl.workers.rollout.base``        the ``hf`` rollout adapter's name (:func:`verl_group_ppo.cpu.register_hf_adapter`)
-``verl.workers.rollout.replica``     the ``hf`` rollout replica's loader (:func:`verl_group_ppo.cpu.register_hf_replica`)
+``verl.workers.rollout.base``        the ``hf`` rollout adapter's name
+                                     (:func:`verl_group_ppo.rollout.register_hf_adapter`)
+``verl.workers.rollout.replica``     the ``hf`` rollout replica's loader
+                                     (:func:`verl_group_ppo.rollout.register_hf_replica`)
 ``verl.utils.model``                 the critic's value-model loader with the configured attention
                                      (:func:`verl_group_ppo.cpu.valuehead.patch_valuehead_loader`)
 ===================================  ================================================================================
@@ -78,12 +80,12 @@ def install_trainers(v1: ModuleType) -> None:
 
 def install_hf_adapter(rollout_base: ModuleType) -> None:
     """Name the ``hf`` rollout adapter in verl's rollout registry (nothing of the rollout is imported)."""
-    importlib.import_module("verl_group_ppo.cpu").register_hf_adapter(rollout_base)
+    importlib.import_module("verl_group_ppo.rollout").register_hf_adapter(rollout_base)
 
 
 def install_hf_replica(rollout_replica: ModuleType) -> None:
     """Register the ``hf`` rollout replica's loader (nothing of the rollout is imported)."""
-    importlib.import_module("verl_group_ppo.cpu").register_hf_replica(rollout_replica)
+    importlib.import_module("verl_group_ppo.rollout").register_hf_replica(rollout_replica)
 
 
 def install_valuehead_loader(verl_model: ModuleType) -> None:

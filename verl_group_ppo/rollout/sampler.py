@@ -7,7 +7,7 @@ takes 2-6 s, so ``timing_s/gen`` is rounded up to the next multiple of 2 s (meas
 128 responses, 2.9 s with the 0.2-s poll; docs/cpu.md). The tiny launchers plug this in through verl's
 custom-sampler hook::
 
-    +trainer.v1.sampler.custom_sampler.path=pkg://verl_group_ppo.cpu.sampler
+    +trainer.v1.sampler.custom_sampler.path=pkg://verl_group_ppo.rollout.sampler
     +trainer.v1.sampler.custom_sampler.name=replay_buffer
 
 and ``+trainer.v1.sampler.sampler_kwargs.poll_interval=<s>`` changes the interval. Nothing else differs: the
