@@ -590,7 +590,7 @@ def test_validate_config_stops_a_run_whose_scorer_cannot_import_naming_the_extra
 @pytest.mark.parametrize("source,critic", [("critic", True), ("mc", False), ("prefix_tree", False)])
 def test_need_critic_follows_the_value_source(source, critic):
     config = U.compose_config(["algorithm.adv_estimator=group_ppo", "actor_rollout_ref.rollout.name=hf",
-                               f"++algorithm.group_params.value_source={source}"])
+                               "actor_rollout_ref.rollout.n=4", f"++algorithm.group_params.value_source={source}"])
     assert _need_critic()(config) is critic
 
 
