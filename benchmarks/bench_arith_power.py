@@ -4,7 +4,7 @@
     python benchmarks/bench_arith_power.py --json benchmarks/results/arith_power/power.json
     python benchmarks/bench_arith_power.py --n-questions 512 --seeds 3,6 --run-sd 0.02 --base-accuracy 0.3
 
-The rule (``verl_group_ppo.demo.report.verdict``, :func:`verdict`) compares two arms A - B by verl's validation
+The rule (``experiments.demo.report.verdict``, :func:`verdict`) compares two arms A - B by verl's validation
 accuracy on the same n questions after S seeds per arm: per seed the paired difference d_s; **win** when every d_s
 > 0 and the mean exceeds 2 paired standard errors (sd(d_s, ddof=1) / sqrt(S)), **lose** by the mirror rule, else
 **level**. :func:`simulate` draws many such comparisons at a true difference and counts the verdicts; the table

@@ -6,7 +6,7 @@ problems each comparison measures on (:func:`verl_group_ppo.tinytask.tasks.guess
 One row per (task, problem set) that a comparison in docs/results.md reports on, built exactly as its pipeline builds
 it (:func:`verl_group_ppo.tinytask.tasks.split_problems` with the pipeline's own sizes and seed):
 
-* the demo (``python -m verl_group_ppo.demo``: the demo comparison, longer chains, edge vs response length): its
+* the demo (``python -m experiments.demo``: the demo comparison, longer chains, edge vs response length): its
   held-out prompts, at 4-5, 8-10 and 12-14 terms, graded with ``check_work`` (steps and answer);
 * the CPU launcher's tiny task (``python -m verl_group_ppo.tinytask.prepare``: the main command, value sources): its
   test split and its training pool (the comparisons read the training reward), graded with ``check_work``;
@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 from typing import Callable, NamedTuple
 
-from verl_group_ppo.demo.cli import DemoOptions
+from experiments.demo.cli import DemoOptions
 from verl_group_ppo.tinytask.prepare import TOOLS, PrepareSettings, settings_from_flags, task_and_split
 from verl_group_ppo.tinytask.tasks import Problem, Task, guessing_floor, make_task, parse_terms, split_problems
 

@@ -4,7 +4,7 @@
 
 Every setting pretrains a fresh critic (backbone from the warm start, value head at zero) for ``--steps``
 critic-only steps on one pool of the warm-start policy's samples and measures its explained variance on the same
-held-out responses (:mod:`verl_group_ppo.demo.pretrain`, through :mod:`verl_group_ppo.critic_readout`). The warm
+held-out responses (:mod:`experiments.demo.pretrain`, through :mod:`verl_group_ppo.critic_readout`). The warm
 start is the demo's default one, cached under ``--setup-dir`` (trained there when missing). The settings: the
 demo's recipe (lr 1e-3, 1 epoch, value clip 0.5, Monte Carlo targets), one change at a time from it
 (:data:`SETTINGS`), and the ``--combine`` combinations.
@@ -83,10 +83,10 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from verl_group_ppo.demo.cli import DemoOptions, setup_demo
-    from verl_group_ppo.demo.pretrain import (CriticRecipe, PretrainConfig, PretrainSamples, pretrain_critic,
+    from experiments.demo.cli import DemoOptions, setup_demo
+    from experiments.demo.pretrain import (CriticRecipe, PretrainConfig, PretrainSamples, pretrain_critic,
                                               pretraining_data)
-    from verl_group_ppo.demo.rl import RunConfig
+    from experiments.demo.rl import RunConfig
     from verl_group_ppo.tinytask.model import build_critic, build_policy
 
     torch.set_num_threads(1)

@@ -204,7 +204,7 @@ def differences(records: Iterable[dict], pairs: Iterable[tuple[str, str]], metri
     a record's key): the paired difference over the seeds both have (``demo.report.paired_difference``: seeds,
     mean, se, per_seed) with the comparison rule's ``"verdict"`` (``demo.report.verdict``). A record's arm is
     ``record[arm_key]``."""
-    from verl_group_ppo.demo.report import paired_difference, verdict
+    from experiments.demo.report import paired_difference, verdict
 
     records = list(records)
 

@@ -34,8 +34,8 @@ def test_verdict_hand_made(differences, expected):
 
 
 def test_verdict_matches_the_project_rule():
-    from verl_group_ppo.demo.report import paired_difference
-    from verl_group_ppo.demo.report import verdict as project_verdict
+    from experiments.demo.report import paired_difference
+    from experiments.demo.report import verdict as project_verdict
 
     rng = np.random.default_rng(0)
     for _ in range(500):

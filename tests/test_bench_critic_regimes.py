@@ -47,8 +47,8 @@ def test_critic_regimes_plan_is_the_preregistered_one():
 def test_critic_regimes_resume_runs_only_unfinished_runs(tmp_path, monkeypatch):
     from types import SimpleNamespace
 
-    import verl_group_ppo.demo.cli as cli
-    import verl_group_ppo.demo.rl as rl
+    import experiments.demo.cli as cli
+    import experiments.demo.rl as rl
 
     bench = _load("bench_critic_regimes")
     setups, ran = [], []

@@ -21,6 +21,7 @@ import stats  # noqa: E402
     ([0.01, 0.20, 0.01], "level"),         # all positive, mean 0.073 < 2 SE 0.13
     ([0.02, 0.02], "win"),                 # SE 0 and all positive
     ([0.0, 0.0, 0.0], "level"),            # no difference at all
+    ([0.001, 0.026, 0.024], "win"),        # the demo's default task, GROUP-PPO - decoupled GAE: 0.017 > 2 x 0.008
     ([0.05], "level"),                     # one seed: no standard error
     ([], "level"),
 ])

@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import bench_guessing_floors as G  # noqa: E402
-from verl_group_ppo.demo.cli import DemoOptions  # noqa: E402
+from experiments.demo.cli import DemoOptions  # noqa: E402
 from verl_group_ppo.tinytask.prepare import PrepareSettings, task_and_split  # noqa: E402
 from verl_group_ppo.tinytask.tasks import (ANSWER_MARK, ModChainTask, Problem, answer_is_right,  # noqa: E402
                                            guessing_floor, make_task)

@@ -1,6 +1,7 @@
 """Outputs of the demo: results.json, summary.md, learning_curves.png, groups.html and groups.png.
 
-Arm names, labels and colours come from :data:`verl_group_ppo.demo.arms.ARMS`; groups.html is drawn by the
+Paired differences and verdicts come from the comparison rule's one home, ``benchmarks/stats.py``. Arm names,
+labels and colours come from :data:`experiments.demo.arms.ARMS`; groups.html is drawn by the
 project's one renderer, :mod:`verl_group_ppo.render` (``python -m verl_group_ppo.viz`` uses it too).
 """
 
@@ -13,6 +14,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from benchmarks.stats import paired_difference, verdict
 from verl_group_ppo import render
 
 from .arms import ARMS
@@ -50,31 +52,6 @@ def steps_to_reach(steps: np.ndarray, curve: np.ndarray, target: float) -> float
         if v >= target - 1e-12:
             return float(s)
     return None
-
-
-def paired_difference(a: dict[int, float], b: dict[int, float]) -> dict[str, Any]:
-    """Per-seed differences ``a - b`` over the seeds both have: mean, paired standard error
-    (sample std of the differences / sqrt(n); None below 2 seeds) and the differences themselves."""
-    seeds = sorted(set(a) & set(b))
-    d = np.array([a[s] - b[s] for s in seeds], dtype=float)
-    se = float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) >= 2 else None
-    return {"seeds": seeds, "mean": float(d.mean()) if len(d) else None, "se": se, "per_seed": d.tolist()}
-
-
-def verdict(diff: dict[str, Any], min_se_multiple: float = 2.0) -> str:
-    """The comparison rule of docs/results.md for one paired difference ``a - b``.
-
-    ``"win"`` when every seed's difference is positive and the mean exceeds ``min_se_multiple`` paired
-    standard errors, ``"lose"`` by the mirror rule, else ``"level"`` (also with fewer than 2 seeds).
-    """
-    per_seed, mean, se = diff["per_seed"], diff["mean"], diff["se"]
-    if se is None:  # paired_difference gives no standard error below 2 seeds
-        return "level"
-    if all(d > 0 for d in per_seed) and mean > min_se_multiple * se:
-        return "win"
-    if all(d < 0 for d in per_seed) and -mean > min_se_multiple * se:
-        return "lose"
-    return "level"
 
 
 def _arm_row(name: str, rs: list[dict], ppo_end: Optional[float]) -> dict[str, Any]:
