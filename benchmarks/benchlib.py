@@ -201,10 +201,10 @@ def run_pending(sweep: Sweep, run_one: Callable[[Run], dict], accept: Accept = N
 def differences(records: Iterable[dict], pairs: Iterable[tuple[str, str]], metrics: Mapping[str, str],
                 arm_key: str = "estimator") -> dict[str, dict[str, dict]]:
     """``{"arm-baseline": {metric: difference}}`` per ``(arm, baseline)`` of ``pairs`` and per metric (its name ->
-    a record's key): the paired difference over the seeds both have (``demo.report.paired_difference``: seeds,
-    mean, se, per_seed) with the comparison rule's ``"verdict"`` (``demo.report.verdict``). A record's arm is
+    a record's key): the paired difference over the seeds both have (:func:`stats.paired_difference`: seeds,
+    mean, se, per_seed) with the comparison rule's ``"verdict"`` (:func:`stats.verdict`). A record's arm is
     ``record[arm_key]``."""
-    from experiments.demo.report import paired_difference, verdict
+    from stats import paired_difference, verdict
 
     records = list(records)
 
