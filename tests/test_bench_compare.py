@@ -158,3 +158,14 @@ def test_a_stalled_run_is_killed_and_recorded_as_failed_and_the_sweep_goes_on(tm
         record = compare.read_json(spec.path(arm, 0))
         assert record["status"] == "failed" and record["reason"].startswith("stalled: no new output for 2 s")
         assert record["seconds"] < 30 and record["steps"]["1"]["critic/score/mean"] > 0
+
+
+def test_report_reproduces_the_committed_two_way_arm_table():
+    """docs/results.md's two-way arm table (val before, val after, reward windows, area) from the engine."""
+    spec = compare.load_spec(compare.spec_path("twoway"))
+    docs = (REPO / "docs" / "results.md").read_text()
+    rows = [line for line in compare.report(spec).splitlines() if line.startswith(("| group_ppo |", "| gae |"))]
+    assert len(rows) == 2
+    for row in rows:
+        arm, seeds, before, after, first, last, area = (c.strip() for c in row.strip("|").split("|"))
+        assert f"| {arm} | {seeds} | {before} | {after} |" in docs and f"| {first} | {last} | {area} |" in docs
