@@ -5,8 +5,8 @@ start: group_ppo, group_ppo_per_token, endpoint_loss, gae (lam 1) and vapo in tw
 demo's critic recipe; ``pretrained``: the same from a pretrained critic, :mod:`experiments.demo.pretrain`), and
 grpo once (it has no critic). Rerun the first command after an interruption::
 
-    .venv/bin/python benchmarks/bench_critic_regimes.py --output-dir runs/critic-regimes
-    .venv/bin/python benchmarks/bench_critic_regimes.py --output-dir runs/critic-regimes --report
+    .venv/bin/python -m experiments.critic_regimes --output-dir runs/critic-regimes
+    .venv/bin/python -m experiments.critic_regimes --output-dir runs/critic-regimes --report
 
 A finished run is kept as ``RUNS/<regime>/<arm>-seed<seed>.json`` and skipped by a rerun, which reuses the cached
 warm start and pretrained critic. The report, of the runs found (missing ones listed): per regime each arm's mean
@@ -23,7 +23,7 @@ import statistics
 import time
 from typing import Any
 
-from benchlib import DEMO_METRICS, REPO, Run, Sweep, cell, differences, figure, plan, run_pending
+from benchmarks.benchlib import DEMO_METRICS, REPO, Run, Sweep, cell, differences, figure, plan, run_pending
 
 REGIMES = ("recipe", "pretrained")
 #: value pretraining of the ``pretrained`` regime (fixed before the comparison: docs/results.md)

@@ -2,8 +2,8 @@
 
 The pre-registered sweep of docs/results.md ("Edge vs response length"), one length at a time, then the report::
 
-    .venv/bin/python benchmarks/bench_edge_vs_length.py --terms 4-5     # also 8-10 and 12-14
-    .venv/bin/python benchmarks/bench_edge_vs_length.py --report
+    .venv/bin/python -m experiments.edge_vs_length --terms 4-5     # also 8-10 and 12-14
+    .venv/bin/python -m experiments.edge_vs_length --report
 
 A length runs the demo (its defaults for every arm) twice on one cached warm start: group_ppo, gae, sae and grpo
 on seeds 0-2, then group_ppo and gae on seeds 3-5. The report reads every length under ``--output-dir``: the paired
@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from benchlib import DEMO_METRICS, REPO, cell, differences, figure, read_json
+from benchmarks.benchlib import DEMO_METRICS, REPO, cell, differences, figure, read_json
 
 #: the runs of one length: (name, arms, seeds)
 PARTS = (("a", "group_ppo,gae,sae,grpo", "0,1,2"), ("b", "group_ppo,gae", "3,4,5"))

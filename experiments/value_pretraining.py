@@ -1,6 +1,6 @@
 """Which value-pretraining settings give the demo's critic the highest held-out explained variance.
 
-    .venv/bin/python benchmarks/bench_value_pretraining.py --setup-dir runs/critic-regimes/setup --steps 100
+    .venv/bin/python -m experiments.value_pretraining --setup-dir runs/critic-regimes/setup --steps 100
 
 Every setting pretrains a fresh critic (backbone from the warm start, value head at zero) for ``--steps``
 critic-only steps on one pool of the warm-start policy's samples and measures its explained variance on the same
@@ -18,7 +18,7 @@ import itertools
 import os
 import time
 
-from benchlib import REPO, timed, write_json
+from benchmarks.benchlib import REPO, timed, write_json
 
 #: the demo's RL critic recipe as pretraining settings, and one change at a time from it
 RECIPE = {"critic_pretrain_lr": 1e-3, "critic_pretrain_epochs": 1, "critic_pretrain_clip": 0.5,

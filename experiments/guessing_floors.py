@@ -1,7 +1,7 @@
 """What the tiny tasks' policies would score without reading the prompt: the best constant response's share of the
 problems each comparison measures on (:func:`verl_group_ppo.tinytask.tasks.guessing_floor`).
 
-    python benchmarks/bench_guessing_floors.py      # a few seconds, no model
+    python -m experiments.guessing_floors      # a few seconds, no model
 
 One row per (task, problem set) that a comparison in docs/results.md reports on, built exactly as its pipeline builds
 it (:func:`verl_group_ppo.tinytask.tasks.split_problems` with the pipeline's own sizes and seed):

@@ -6,7 +6,7 @@ them; then times one periodic eval and one final eval on the default setup. Prin
 per step for each, their ratio, and the evals in units of one default step (what the final eval adds to
 a run). Absolute seconds depend on the machine's load; the ratios are the figures to use.
 
-    python benchmarks/bench_demo_step.py --steps 6 --long-terms 10-12 --warmstart-steps 300
+    python -m experiments.demo_step --steps 6 --long-terms 10-12 --warmstart-steps 300
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import json
 import os
 import statistics
 
-from benchlib import timed
+from benchmarks.benchlib import timed
 
 
 def _setup(terms, args):

@@ -1,7 +1,7 @@
 """How fast the training reward rises on the prepared tiny task, through the demo's own RL loop (seconds, not
 verl's minutes): a cheap way to choose the CPU launcher's batch, steps and learning rate before a real run.
 
-    python benchmarks/bench_cpu_tiny_learning.py --work-dir runs/cpu-tiny --prompts 32 --steps 40 --seeds 0,1,2
+    python -m experiments.tiny_learning --work-dir runs/cpu-tiny --prompts 32 --steps 40 --seeds 0,1,2
 
 It loads ``WORK_DIR/model`` (made by ``python -m verl_group_ppo.tinytask.prepare``) with its BPE tokenizer and chat
 template, rebuilds the same problem split, and runs :func:`experiments.demo.rl.run_one` with the
@@ -17,7 +17,7 @@ import json
 import statistics
 from pathlib import Path
 
-from benchlib import int_list, timed
+from benchmarks.benchlib import int_list, timed
 from verl_group_ppo import taskdir
 from verl_group_ppo.task_specs import TINY
 
