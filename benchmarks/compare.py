@@ -209,7 +209,8 @@ def code_version(repo: Path = REPO) -> dict[str, Any]:
 
 
 def command(spec: Spec, arm_name: str, seed: int, checkpoint_dir: str) -> tuple[list[str], dict[str, str]]:
-    """The run's argument list and its own environment (the spec's, then the arm's)."""
+    """The run's argument list and its own environment (the spec's, then the arm's; ``{repo}`` in a value is the
+    repository root, for a path the launcher's processes read from another folder)."""
     is_start = spec.start is not None and arm_name == spec.start.name
     arm = spec.start if is_start else spec.arms[arm_name]
     steps = 0 if is_start else spec.steps
@@ -217,7 +218,8 @@ def command(spec: Spec, arm_name: str, seed: int, checkpoint_dir: str) -> tuple[
     overrides = arm.overrides if is_start else (*spec.overrides, *arm.overrides)
     args = [*arm.launcher, f"trainer.total_training_steps={steps}", *(o.format(**fill) for o in overrides),
             f"trainer.default_local_dir={checkpoint_dir}"]
-    return args, {**spec.env, **arm.env}
+    env = {key: str(value).replace("{repo}", str(REPO)) for key, value in {**spec.env, **arm.env}.items()}
+    return args, env
 
 
 @dataclass

@@ -169,3 +169,17 @@ def test_report_reproduces_the_committed_two_way_arm_table():
     for row in rows:
         arm, seeds, before, after, first, last, area = (c.strip() for c in row.strip("|").split("|"))
         assert f"| {arm} | {seeds} | {before} | {after} |" in docs and f"| {first} | {last} | {area} |" in docs
+
+
+def test_report_reproduces_the_committed_multi_turn_tables():
+    """docs/results.md's multi-turn arm table and paired differences from the engine on the committed records."""
+    spec = compare.load_spec(compare.spec_path("multiturn"))
+    docs = (REPO / "docs" / "results.md").read_text()
+    vals = compare.values(spec, compare.records(spec))
+    for arm in spec.arms:
+        seeds = len(vals["final"][arm])
+        cells = [f"{sum(vals[m][arm].values()) / seeds:.3f}" for m in ("final", "area", "first 10 steps")]
+        turns = [f"{sum(vals[m][arm].values()) / seeds:.2f}" for m in ("turns, first 10", "turns, last 10")]
+        assert f"| {arm} | {seeds} | {' | '.join(cells)} | {turns[0]} -> {turns[1]} |" in docs
+    turn = compare.compare_pair(spec, vals, "group_ppo_turn", "group_ppo", "final")
+    assert turn["verdict"] == "win" and f"{turn['mean']:+.3f} +- {2 * turn['se']:.3f} (3), **win**" in docs
