@@ -23,7 +23,7 @@ if _HERE not in sys.path:
 # the repository root: the demo (`experiments.demo`, not installed) and `benchmarks.stats` import from there
 _ROOT = os.path.dirname(_HERE)
 if _ROOT not in sys.path:
-    sys.path.append(_ROOT)
+    sys.path.insert(1, _ROOT)
 
 
 @pytest.fixture(scope="session")
