@@ -129,7 +129,8 @@ def log_report(text: str, n_test: int = N_TEST) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--log", metavar="PATH", required=True, help="one launcher output file")
-    parser.add_argument("--n-test", type=int, default=N_TEST, help="the run's validation questions (prepare's --n-test)")
+    parser.add_argument("--n-test", type=int, default=N_TEST,
+                        help="the run's validation questions (prepare's --n-test)")
     args = parser.parse_args(argv)
     with open(args.log, errors="replace") as f:
         print(log_report(f.read(), args.n_test))

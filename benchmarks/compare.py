@@ -142,13 +142,13 @@ def _metric(name: str, data: dict) -> Metric:
 
 def load_spec(path: os.PathLike | str) -> Spec:
     """The spec in ``path`` (JSON). Fields: ``description``; ``results`` (the records' folder, relative to the
-    repository); ``steps``; ``seeds``; ``arms`` (name -> ``launcher``, optional ``overrides``, ``env``, ``seeds``);
-    ``pairs`` (``[arm, baseline]`` lists); ``metrics`` (name -> :class:`Metric` fields: ``key`` or ``keys``,
-    ``window``, ``steps``, ``step``, ``weights``, ``start``, ``rise_from``, ``compare``); optional ``overrides`` and ``env``
-    every run gets, ``keep`` (the metric prefixes a record keeps), ``stall_seconds``, and ``start`` (one run,
-    seed 0, shared by every arm as its step 0: its own launcher, overrides and env; the spec's env applies to it,
-    the spec's overrides do not). Overrides may hold ``{arm}``, ``{seed}``, ``{steps}``, ``{spec}``.
-    ValueError naming the first bad field."""
+    repository); ``steps``; ``seeds``; ``arms`` (name -> ``launcher``, optional ``overrides``, ``env``, ``seeds``); ``pairs``
+    (``[arm, baseline]`` lists); ``metrics`` (name -> :class:`Metric` fields: ``key`` or ``keys``, ``window``,
+    ``steps``, ``step``, ``weights``, ``start``, ``rise_from``, ``compare``); optional ``overrides`` and ``env``
+    every run gets, ``keep`` (the metric prefixes a record keeps), ``stall_seconds``, and ``start`` (one run, seed
+    0, shared by every arm as its step 0: its own launcher, overrides and env; the spec's env applies to it, the
+    spec's overrides do not). Overrides may hold ``{arm}``, ``{seed}``, ``{steps}``, ``{spec}``. ValueError naming
+    the first bad field."""
     path = Path(path)
     data = json.loads(path.read_text())
     steps = _need(data.get("steps"), isinstance(data.get("steps"), int) and data["steps"] >= 0, "steps",
@@ -162,8 +162,9 @@ def load_spec(path: os.PathLike | str) -> Spec:
     pairs = tuple(tuple(p) for p in data.get("pairs", []))
     for p in pairs:
         _need(list(p), len(p) == 2 and all(a in arms for a in p), "pairs", f"[arm, baseline] of the arms {list(arms)}")
-    metrics = {name: _metric(name, m) for name, m in _need(data.get("metrics"), isinstance(data.get("metrics"), dict)
-                                                           and data["metrics"], "metrics", "a non-empty object").items()}
+    metrics_data = _need(data.get("metrics"), isinstance(data.get("metrics"), dict) and data["metrics"], "metrics",
+                         "a non-empty object")
+    metrics = {name: _metric(name, m) for name, m in metrics_data.items()}
     for m in metrics.values():
         _need(m.rise_from, m.rise_from is None or m.rise_from in metrics, f"metrics.{m.name}.rise_from",
               "the name of another metric")
@@ -248,7 +249,8 @@ def run_watched(args: Sequence[str], env: dict[str, str], log_path: Path, stall_
                 size, last_growth = now_size, time.monotonic()
             elif time.monotonic() - last_growth > stall_seconds:
                 _kill_group(proc)
-                return Outcome(None, f"stalled: no new output for {stall_seconds:g} s; killed", time.monotonic() - start)
+                reason = f"stalled: no new output for {stall_seconds:g} s; killed"
+                return Outcome(None, reason, time.monotonic() - start)
     return Outcome(proc.returncode, None, time.monotonic() - start)
 
 
@@ -280,8 +282,9 @@ def run_one(spec: Spec, arm: str, seed: int, runs_dir: Path) -> dict:
     metrics = parse_step_metrics(log_path.read_text(errors="replace"))
     steps_planned = 0 if spec.start and arm == spec.start.name else spec.steps
     logged = sorted(set(metrics) - {0})
+    wrong_steps = logged != list(range(1, steps_planned + 1))
     reason = outcome.killed or (f"exit code {outcome.returncode}" if outcome.returncode else None) or (
-        None if logged == list(range(1, steps_planned + 1)) else f"logged steps {logged[:3]}..., not 1..{steps_planned}")
+        f"logged steps {logged[:3]}..., not 1..{steps_planned}" if wrong_steps else None)
     return {"spec": spec.name, "arm": arm, "seed": seed, "steps_planned": steps_planned,
             "status": "failed" if reason else "ok", "reason": reason, "code_version": version,
             "command": " ".join([*(f"{k}={portable(str(v))}" for k, v in env.items()), *(portable(a) for a in args)]),
@@ -380,7 +383,8 @@ def compare_pair(spec: Spec, vals: dict, arm: str, base: str, metric: str) -> di
     planned = sorted(set(spec.arms[arm].seeds) & set(spec.arms[base].seeds))
     complete = diff["seeds"] == planned
     return {**diff, "planned": planned, "rise": rise, "detectable": detectable_of(diff["per_seed"]),
-            "verdict": verdict(diff, rise) if complete else f"no verdict ({len(diff['seeds'])} of {len(planned)} seeds)"}
+            "verdict": (verdict(diff, rise) if complete
+                        else f"no verdict ({len(diff['seeds'])} of {len(planned)} seeds)")}
 
 
 def _f(x: Optional[float], fmt: str = ".3f") -> str:

@@ -424,6 +424,7 @@ def test_summary_reports_per_seed_areas_and_paired_differences(tmp_path):
     meta = {"task": "chain_sum", "seeds": [0, 1, 2], "eval_size": 256, "final_eval_size": 1024, "eval_samples": 2}
     text = report.write_summary_md(str(tmp_path / "summary.md"), runs, meta)
     assert "| GROUP-PPO - PPO (GAE) | 0.100 +- 0.058 |" in text and "| level / level |" in text
+    assert f"| level / level | {report.detectable_of([0.1, 0.2, 0.0]):.3f} / " in text  # 80%-detectable, final
     assert "2048 samples" in text and "curve area" in text.lower()
     report.write_results_json(str(tmp_path / "results.json"), runs, meta)
     saved = json.loads((tmp_path / "results.json").read_text())

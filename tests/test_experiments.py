@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from test_benchmarks import _load, _numbers, _table
 
-# ------------------------------------------------------------------------------------------------ tiny_learning, value_pretraining
+# ------------------------------------------------------------------------------- tiny_learning, value_pretraining
 
 
 @pytest.mark.parametrize("argv, message", [

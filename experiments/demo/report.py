@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from benchmarks.stats import paired_difference, verdict
+from benchmarks.stats import detectable_of, paired_difference, verdict
 from verl_group_ppo import render
 
 from .arms import ARMS
@@ -165,15 +165,21 @@ def _pair_table(s: dict) -> list[str]:
         return []
     lines = ["Paired differences over common seeds (mean +- paired standard error = std of the per-seed "
              "differences / sqrt(seeds)); verdict by the rule of docs/results.md (win: every seed's difference "
-             "positive and the mean above 2 paired standard errors; lose: the mirror; else level):", "",
-             "| difference | final eval acc | curve area | per seed (final) | per seed (area) | verdict (final / area) |",
-             "|---|---|---|---|---|---|"]
+             "positive and the mean above 2 paired standard errors; lose: the mirror; else level), and the "
+             "difference the rule detects with 80% power at the observed paired SD (simulated under the rule, "
+             "benchmarks/stats.py):",
+             "",
+             "| difference | final eval acc | curve area | per seed (final) | per seed (area) | "
+             "verdict (final / area) | 80%-detectable difference (final / area) |",
+             "|---|---|---|---|---|---|---|"]
     for p in s["paired_differences"]:
         per_seed = ", ".join(f"{v:+.3f}" for v in p["final"]["per_seed"])
         per_seed_area = ", ".join(f"{v:+.3f}" for v in p["area"]["per_seed"])
         lines.append(f"| {_label(p['a'])} - {_label(p['b'])} | {_pm(p['final']['mean'], p['final']['se'])} | "
                      f"{_pm(p['area']['mean'], p['area']['se'])} | {per_seed} | {per_seed_area} | "
-                     f"{verdict(p['final'])} / {verdict(p['area'])} |")
+                     f"{verdict(p['final'])} / {verdict(p['area'])} | "
+                     f"{_fmt(detectable_of(p['final']['per_seed']))} / "
+                     f"{_fmt(detectable_of(p['area']['per_seed']))} |")
     return lines + [""]
 
 
