@@ -142,13 +142,13 @@ def _metric(name: str, data: dict) -> Metric:
 
 def load_spec(path: os.PathLike | str) -> Spec:
     """The spec in ``path`` (JSON). Fields: ``description``; ``results`` (the records' folder, relative to the
-    repository); ``steps``; ``seeds``; ``arms`` (name -> ``launcher``, optional ``overrides``, ``env``, ``seeds``); ``pairs``
-    (``[arm, baseline]`` lists); ``metrics`` (name -> :class:`Metric` fields: ``key`` or ``keys``, ``window``,
-    ``steps``, ``step``, ``weights``, ``start``, ``rise_from``, ``compare``); optional ``overrides`` and ``env``
-    every run gets, ``keep`` (the metric prefixes a record keeps), ``stall_seconds``, and ``start`` (one run, seed
-    0, shared by every arm as its step 0: its own launcher, overrides and env; the spec's env applies to it, the
-    spec's overrides do not). Overrides may hold ``{arm}``, ``{seed}``, ``{steps}``, ``{spec}``. ValueError naming
-    the first bad field."""
+    repository); ``steps``; ``seeds``; ``arms`` (name -> ``launcher``, optional ``overrides``, ``env``, ``seeds``);
+    ``pairs`` (``[arm, baseline]`` lists); ``metrics`` (name -> :class:`Metric` fields: ``key`` or ``keys``,
+    ``window``, ``steps``, ``step``, ``weights``, ``start``, ``rise_from``, ``compare``); optional ``overrides`` and
+    ``env`` every run gets, ``keep`` (the metric prefixes a record keeps), ``stall_seconds``, and ``start`` (one
+    run, seed 0, shared by every arm as its step 0: its own launcher, overrides and env; the spec's env applies to
+    it, the spec's overrides do not). Overrides may hold ``{arm}``, ``{seed}``, ``{steps}``, ``{spec}``; an env
+    value ``{repo}``. ValueError naming the first bad field."""
     path = Path(path)
     data = json.loads(path.read_text())
     steps = _need(data.get("steps"), isinstance(data.get("steps"), int) and data["steps"] >= 0, "steps",
