@@ -4,7 +4,7 @@
     python benchmarks/bench_arith_power.py --json benchmarks/results/arith_power/power.json
     python benchmarks/bench_arith_power.py --n-questions 512 --seeds 3,6 --run-sd 0.02 --base-accuracy 0.3
 
-The rule (``verl_group_ppo.demo.report.verdict``, :func:`verdict`) compares two arms A - B by verl's validation
+The rule (``benchmarks/stats.py``, :func:`stats.rule_codes`) compares two arms A - B by verl's validation
 accuracy on the same n questions after S seeds per arm: per seed the paired difference d_s; **win** when every d_s
 > 0 and the mean exceeds 2 paired standard errors (sd(d_s, ddof=1) / sqrt(S)), **lose** by the mirror rule, else
 **level**. :func:`simulate` draws many such comparisons at a true difference and counts the verdicts; the table
@@ -21,7 +21,6 @@ standard error gains, so more seeds do not lower the smallest detectable differe
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from collections.abc import Sequence
 from typing import Optional
@@ -29,31 +28,21 @@ from typing import Optional
 import numpy as np
 
 from benchlib import int_list, portable, write_json
+from stats import rule_codes, rule_verdict
 
-VERDICTS = ("win", "lose", "level")
-SE_MULTIPLE = 2.0
+VERDICTS = ("win", "lose", "level")  # the order of stats.rule_codes
 GRID_STEP, GRID_MAX = 0.005, 0.3
 #: the difference the table's power column is taken at
 POWER_AT = 0.05
 
 
-def _verdicts(d: np.ndarray) -> np.ndarray:
-    """The rule applied to every row of ``d`` (trials x seeds, seeds >= 2): 0 win, 1 lose, 2 level."""
-    mean = d.mean(axis=1)
-    se = d.std(axis=1, ddof=1) / math.sqrt(d.shape[1])
-    win = (d > 0).all(axis=1) & (mean > SE_MULTIPLE * se)
-    lose = (d < 0).all(axis=1) & (-mean > SE_MULTIPLE * se)
-    return np.where(win, 0, np.where(lose, 1, 2))
-
-
 def verdict(differences: Sequence[float]) -> str:
-    """``'win'`` | ``'lose'`` | ``'level'`` for the per-seed paired differences A - B (at least 2): win when every
-    difference is positive and the mean exceeds 2 paired standard errors, lose by the mirror rule (so a standard
-    error of 0 with all differences of one sign is a win or a lose), else level; as ``demo.report.verdict``."""
+    """``'win'`` | ``'lose'`` | ``'level'`` for the per-seed paired differences A - B (at least 2), by the rule of
+    :mod:`stats`."""
     d = np.asarray(differences, dtype=float)
     if d.ndim != 1 or d.size < 2:
         raise ValueError(f"differences: need at least 2 per-seed differences, got {list(differences)}")
-    return VERDICTS[int(_verdicts(d[None, :])[0])]
+    return rule_verdict(d)
 
 
 def _check(n_questions: int, seeds: int, base_accuracy: float, run_sd: float, trials: int) -> None:
@@ -83,7 +72,7 @@ def simulate(n_questions: int, seeds: int, base_accuracy: float, true_difference
     true = np.array([base_accuracy + true_difference, base_accuracy])[:, None, None] + run_sd * rng.standard_normal(
         (2, *shape))
     measured = rng.binomial(n_questions, np.clip(true, 0.0, 1.0)) / n_questions
-    counts = np.bincount(_verdicts(measured[0] - measured[1]), minlength=3)
+    counts = np.bincount(rule_codes(measured[0] - measured[1]), minlength=3)
     return {name: float(c) / trials for name, c in zip(VERDICTS, counts)}
 
 

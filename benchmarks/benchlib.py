@@ -3,7 +3,8 @@ sweeps, paired differences, timing and figures.
 
 A benchmark is a script, run as ``python benchmarks/<name>.py`` from any folder: Python puts its folder first on
 ``sys.path``, so it imports this module by name and none loads another by path (tests put ``benchmarks/`` on
-``sys.path`` the same way). A record (one JSON file per finished run) holds no absolute path (:func:`write_json`).
+``sys.path`` the same way). The experiments (``experiments/``, run from the repository root as modules) import it as
+``benchmarks.benchlib``. A record (one JSON file per finished run) holds no absolute path (:func:`write_json`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Optio
 REPO = Path(__file__).resolve().parents[1]
 LAUNCHER = REPO / "examples" / "cpu" / "common.sh"
 Accept = Optional[Callable[[dict], bool]]
-#: the paired metrics of a demo run's record: final sampled accuracy and learning-curve area
+#: the paired metrics of a demo run's record (experiments/demo): final sampled accuracy and learning-curve area
 DEMO_METRICS = {"final": "final_eval_accuracy", "area": "curve_area"}
 
 
@@ -201,10 +202,13 @@ def run_pending(sweep: Sweep, run_one: Callable[[Run], dict], accept: Accept = N
 def differences(records: Iterable[dict], pairs: Iterable[tuple[str, str]], metrics: Mapping[str, str],
                 arm_key: str = "estimator") -> dict[str, dict[str, dict]]:
     """``{"arm-baseline": {metric: difference}}`` per ``(arm, baseline)`` of ``pairs`` and per metric (its name ->
-    a record's key): the paired difference over the seeds both have (``demo.report.paired_difference``: seeds,
-    mean, se, per_seed) with the comparison rule's ``"verdict"`` (``demo.report.verdict``). A record's arm is
+    a record's key): the paired difference over the seeds both have (:func:`stats.paired_difference`: seeds,
+    mean, se, per_seed) with the comparison rule's ``"verdict"`` (:func:`stats.verdict`). A record's arm is
     ``record[arm_key]``."""
-    from verl_group_ppo.demo.report import paired_difference, verdict
+    if __package__:  # imported as benchmarks.benchlib (the experiments, run from the repository root)
+        from .stats import paired_difference, verdict
+    else:  # a benchmark script: its folder is first on sys.path
+        from stats import paired_difference, verdict
 
     records = list(records)
 

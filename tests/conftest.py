@@ -20,6 +20,10 @@ if os.environ.get("CI", "").lower() in ("1", "true"):
 _HERE = os.path.dirname(os.path.abspath(__file__))
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
+# the repository root: the demo (`experiments.demo`, not installed) and `benchmarks.stats` import from there
+_ROOT = os.path.dirname(_HERE)
+if _ROOT not in sys.path:
+    sys.path.insert(1, _ROOT)
 
 
 @pytest.fixture(scope="session")

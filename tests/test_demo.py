@@ -16,9 +16,9 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("reasoning_gym")
 
-from verl_group_ppo.demo import main  # noqa: E402
-from verl_group_ppo.demo.arms import ARMS  # noqa: E402
-from verl_group_ppo.demo.rl import RunConfig, run_one  # noqa: E402
+from experiments.demo import main  # noqa: E402
+from experiments.demo.arms import ARMS  # noqa: E402
+from experiments.demo.rl import RunConfig, run_one  # noqa: E402
 from verl_group_ppo.tasks.tiny.problems import ChainSumTask, ModChainTask, extract_answer, make_task, split_problems  # noqa: E402
 from verl_group_ppo.tasks.tiny.tokenizer import CharTokenizer  # noqa: E402
 from verl_group_ppo.tasks.tiny.warmstart import train_warmstart  # noqa: E402
@@ -172,7 +172,7 @@ def test_endpoint_loss_arm_puts_the_actor_loss_on_group_endpoints_only(tiny_setu
 
     from verl_group_ppo.core_algos import compute_group_ppo_outputs
     from verl_group_ppo.critic_readout import critic_values
-    from verl_group_ppo.demo.rl import _actor_loss_config, build_learner, collect, compute_advantages
+    from experiments.demo.rl import _actor_loss_config, build_learner, collect, compute_advantages
 
     task, tok, train, _, init, cfg = tiny_setup
     cfg = cfg.resolved(task)
@@ -247,7 +247,7 @@ def test_main_writes_all_outputs(tmp_path, monkeypatch):
 
 
 def test_one_record_per_arm():
-    from verl_group_ppo.demo.arms import ALL_TOKENS, BOUNDARIES, DEFAULT_ARMS, get_arm
+    from experiments.demo.arms import ALL_TOKENS, BOUNDARIES, DEFAULT_ARMS, get_arm
 
     assert set(DEFAULT_ARMS) <= set(ARMS)
     assert len({a.label for a in ARMS.values()}) == len({a.color for a in ARMS.values()}) == len(ARMS)
@@ -276,7 +276,7 @@ def test_gae_decoupled_arm_is_verl_gae_for_each_lambda(policy_lam, critic_lam):
     from verl.trainer.ppo.core_algos import compute_gae_advantage_return
 
     from verl_group_ppo.config import read_algorithm_settings
-    from verl_group_ppo.demo.arms import AdvantageInputs
+    from experiments.demo.arms import AdvantageInputs
 
     rewards, values, mask = _gae_batch()
     cfg = RunConfig(lam=0.3, group_params={"policy_lam": policy_lam, "critic_lam": critic_lam})
@@ -297,7 +297,7 @@ def test_gae_decoupled_arm_matches_group_ppo_with_one_token_groups():
     """Spec V2.1: GROUP-PPO with group_max_size=1 is decoupled-lambda GAE; the two arms agree."""
     from verl_group_ppo.config import read_algorithm_settings
     from verl_group_ppo.core_algos import AdaptiveThreshold
-    from verl_group_ppo.demo.arms import AdvantageInputs
+    from experiments.demo.arms import AdvantageInputs
 
     rewards, values, mask = _gae_batch(seed=3)
     cfg = RunConfig(group_params={"policy_lam": 0.7, "critic_lam": 0.95, "group_max_size": 1,
@@ -315,7 +315,7 @@ def test_gae_decoupled_arm_matches_group_ppo_with_one_token_groups():
 def test_critic_warmup_updates_only_the_critic_and_the_threshold_still_adapts(tiny_setup):
     import dataclasses
 
-    from verl_group_ppo.demo.rl import build_learner, train_step
+    from experiments.demo.rl import build_learner, train_step
 
     task, tok, train, evals, init, cfg = tiny_setup
     cfg = dataclasses.replace(cfg, critic_warmup=2).resolved(task)
@@ -375,8 +375,8 @@ def test_terms_parsing_and_the_warmstart_cache_key():
 def test_cli_flags_come_from_the_config_fields_and_quick_changes_only_its_defaults():
     from dataclasses import fields
 
-    from verl_group_ppo.demo.cli import QUICK, DemoOptions, build_parser, resolve
-    from verl_group_ppo.demo.options import flag_of
+    from experiments.demo.cli import QUICK, DemoOptions, build_parser, resolve
+    from experiments.demo.options import flag_of
 
     parser = build_parser()
     flags = {s for a in parser._actions for s in a.option_strings}
@@ -406,7 +406,7 @@ def _fake_run(est, seed, curve, wall=1.0):
 
 
 def test_summary_reports_per_seed_areas_and_paired_differences(tmp_path):
-    from verl_group_ppo.demo import report
+    from experiments.demo import report
 
     finals = {"group_ppo": [0.5, 0.7, 0.6], "gae": [0.4, 0.5, 0.6]}
     runs = [_fake_run(e, s, [[0, 0.1], [10, 0.3], [20, f]]) for e, fs in finals.items() for s, f in enumerate(fs)]
@@ -424,33 +424,40 @@ def test_summary_reports_per_seed_areas_and_paired_differences(tmp_path):
     meta = {"task": "chain_sum", "seeds": [0, 1, 2], "eval_size": 256, "final_eval_size": 1024, "eval_samples": 2}
     text = report.write_summary_md(str(tmp_path / "summary.md"), runs, meta)
     assert "| GROUP-PPO - PPO (GAE) | 0.100 +- 0.058 |" in text and "| level / level |" in text
+    assert f"| level / level | {report.detectable_of([0.1, 0.2, 0.0]):.3f} / " in text  # 80%-detectable, final
     assert "2048 samples" in text and "curve area" in text.lower()
     report.write_results_json(str(tmp_path / "results.json"), runs, meta)
     saved = json.loads((tmp_path / "results.json").read_text())
     assert saved["summary"]["paired_differences"][0]["final"]["se"] == pytest.approx(pair["final"]["se"])
 
 
-@pytest.mark.parametrize("per_seed, expected", [
-    ([0.03, 0.02, 0.025], "win"),        # same sign, mean 0.025 > 2 SE (0.006)
-    ([-0.03, -0.02, -0.025], "lose"),    # the mirror
-    ([0.001, 0.026, 0.024], "win"),      # the default task's GROUP-PPO - decoupled GAE: 0.017 > 2 x 0.008
-    ([0.003, -0.007, 0.017], "level"),   # mixed signs
-    ([0.001, 0.05, 0.002], "level"),     # same sign but mean 0.018 < 2 SE (0.032)
-    ([0.2], "level"),                    # one seed has no standard error
-])
-def test_verdict_applies_the_preregistered_rule(per_seed, expected):
-    from verl_group_ppo.demo import report
+def test_the_report_applies_the_rule_of_the_statistics_module():
+    """The summary's verdicts are the rule's (benchmarks/stats.py): a same-sign difference above 2 SE wins, one
+    negative seed makes it level."""
+    from experiments.demo import report
 
-    a = {s: d for s, d in enumerate(per_seed)}
-    diff = report.paired_difference(a, {s: 0.0 for s in a})
-    assert report.verdict(diff) == expected
+    finals = {"group_ppo": [0.43, 0.47, 0.45], "gae": [0.40, 0.45, 0.42], "grpo": [0.40, 0.40, 0.46]}
+    runs = [_fake_run(e, s, [[0, 0.1], [20, f]]) for e, fs in finals.items() for s, f in enumerate(fs)]
+    pairs = {(p["a"], p["b"]): p for p in report.summarise(runs)["paired_differences"]}
+    assert report.verdict(pairs["group_ppo", "gae"]["final"]) == "win"     # +0.03, +0.02, +0.03
+    assert report.verdict(pairs["group_ppo", "grpo"]["final"]) == "level"  # +0.03, +0.07, -0.01
+
+
+def test_importing_the_demo_loads_nothing_else():
+    """``import experiments.demo`` runs no import of ours at the top level: the command line loads when called."""
+    import ast
+
+    tree = ast.parse((Path(__file__).resolve().parents[1] / "experiments" / "demo" / "__init__.py").read_text())
+    top_level = [ast.unparse(node) for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))
+                 and not (isinstance(node, ast.ImportFrom) and node.module == "__future__")]
+    assert top_level == ["from typing import Sequence"]
 
 
 def test_version_1_command_in_docs_gives_the_version_1_settings():
     """docs/demo.md's version-1 command: no critic warm-up and config.V1_GROUP_PARAMS; the default warm-up is
     5% of the steps for every critic arm."""
     from verl_group_ppo.config import V1_GROUP_PARAMS, GroupParams
-    from verl_group_ppo.demo.cli import build_parser, resolve
+    from experiments.demo.cli import build_parser, resolve
 
     parser = build_parser()
     argv = ["--critic-warmup", "0", "--group-param", "policy_lam=null", "--group-param", "threshold_lr=0.01",
@@ -493,14 +500,14 @@ def test_slip_rescaling_moves_the_accuracy_toward_the_room():
 
 
 def _demo_options(**kw):
-    from verl_group_ppo.demo.cli import DemoOptions
+    from experiments.demo.cli import DemoOptions
 
     return DemoOptions(output_dir="unused", **kw)
 
 
 def test_calibration_stops_before_rl_when_the_warm_start_leaves_no_room():
     """The cheap case: a stand-in warm start that samples nothing right, whatever the slip."""
-    from verl_group_ppo.demo.cli import calibrated_warmstart
+    from experiments.demo.cli import calibrated_warmstart
 
     calls = []
 
@@ -519,7 +526,7 @@ def test_calibration_stops_before_rl_when_the_warm_start_leaves_no_room():
 
 
 def test_calibration_rescales_the_slip_until_the_accuracy_is_in_the_room():
-    from verl_group_ppo.demo.cli import calibrated_warmstart
+    from experiments.demo.cli import calibrated_warmstart
 
     def warm_start(steps, slip):  # a stand-in whose accuracy follows the slip-free fraction
         return object(), {"seconds": 0.0}, 0.9 * (1 - slip) ** 8
@@ -546,7 +553,7 @@ def test_calibration_on_a_real_tiny_warm_start_refuses_rl(tmp_path):
 
 def test_sae_arm_is_per_token_advantages_on_low_probability_cuts(tiny_setup):
     from verl_group_ppo.config import read_algorithm_settings
-    from verl_group_ppo.demo.arms import SAE_GROUP_PARAMS, get_arm
+    from experiments.demo.arms import SAE_GROUP_PARAMS, get_arm
 
     task, tok, train, evals, init, cfg = tiny_setup
     arm = get_arm("sae")

@@ -13,10 +13,10 @@ from test_demo import tiny_setup  # noqa: F401  (the module-scoped tiny task, to
 
 from verl_group_ppo.config import read_algorithm_settings
 from verl_group_ppo.critic_readout import ScoredReplies, heldout_explained_variance
-from verl_group_ppo.demo.arms import ARMS, get_arm
-from verl_group_ppo.demo.cli import build_parser, resolve_pretrain
-from verl_group_ppo.demo.optim import minibatches, set_warmup_lr
-from verl_group_ppo.demo.pretrain import (
+from experiments.demo.arms import ARMS, get_arm
+from experiments.demo.cli import build_parser, resolve_pretrain
+from experiments.demo.optim import minibatches, set_warmup_lr
+from experiments.demo.pretrain import (
     CriticRecipe,
     PretrainConfig,
     PretrainSamples,
@@ -25,7 +25,7 @@ from verl_group_ppo.demo.pretrain import (
     pretrain_key,
     pretrained_critic_state,
 )
-from verl_group_ppo.demo.rl import RunConfig, build_learner, run_one
+from experiments.demo.rl import RunConfig, build_learner, run_one
 from verl_group_ppo.tasks.tiny.model import build_critic, build_policy
 
 
@@ -107,7 +107,7 @@ def test_pretrained_critic_is_cached_and_every_critic_arm_starts_from_it(tiny_se
     assert not info4["cached"] and info4["key"] != info["key"]  # the run's warm-up is the pretraining's too
     assert pretrained_critic_state(PretrainConfig(), str(tmp_path), "ws-key", policy, task, tok, train, evals,
                                    cfg) == (None, {})
-    from verl_group_ppo.demo.report import _header_lines
+    from experiments.demo.report import _header_lines
 
     header = "\n".join(_header_lines({"critic_pretrain": info}))
     assert "critic trained alone for 2 steps" in header
@@ -121,7 +121,7 @@ def test_pretrained_critic_is_cached_and_every_critic_arm_starts_from_it(tiny_se
 
 
 def test_pretraining_flags():
-    from verl_group_ppo.demo.options import flag_of
+    from experiments.demo.options import flag_of
 
     flags = {s for a in build_parser()._actions for s in a.option_strings}
     assert all(flag_of(f) in flags for f in dataclasses.fields(PretrainConfig))

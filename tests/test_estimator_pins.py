@@ -119,8 +119,8 @@ def make_demo_batches(n_batches: int = 2, seed: int = 0) -> list[dict[str, list]
     head is drawn from a seeded normal so that the values differ from token to token. Returns the inputs as
     JSON-ready lists (floats exact).
     """
-    from verl_group_ppo.demo.arms import ARMS
-    from verl_group_ppo.demo.rl import RunConfig, build_learner, collect
+    from experiments.demo.arms import ARMS
+    from experiments.demo.rl import RunConfig, build_learner, collect
     from verl_group_ppo.tasks.tiny.problems import ChainSumTask, split_problems
     from verl_group_ppo.tasks.tiny.tokenizer import CharTokenizer
     from verl_group_ppo.tasks.tiny.warmstart import train_warmstart

@@ -3,14 +3,10 @@ grader, against a loop over every candidate response; and the benchmark that tab
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import bench_guessing_floors as G  # noqa: E402
-from verl_group_ppo.demo.cli import DemoOptions  # noqa: E402
+from experiments import guessing_floors as G  # noqa: E402
+from experiments.demo.cli import DemoOptions  # noqa: E402
 from verl_group_ppo.tasks.tiny.prepare import PrepareSettings, task_and_split  # noqa: E402
 from verl_group_ppo.tasks.tiny.problems import (ANSWER_MARK, ModChainTask, Problem, answer_is_right,  # noqa: E402
                                            guessing_floor, make_task)

@@ -207,13 +207,13 @@ def test_reachable_follows_imports_transitively():
 
 @pytest.mark.parametrize("package,forbidden", [
     # verl's only
-    ("verl_group_ppo.cpu", ("verl_group_ppo.demo", "verl_group_ppo.tasks", "verl_group_ppo.rollout")),
+    ("verl_group_ppo.cpu", ("verl_group_ppo.tasks", "verl_group_ppo.rollout")),
     # any verl run's, any platform's
-    ("verl_group_ppo.rollout", ("verl_group_ppo.demo", "verl_group_ppo.tasks", "verl_group_ppo.integration")),
-    ("verl_group_ppo.tasks.tiny", ("verl_group_ppo.demo", "verl_group_ppo.cpu", "verl_group_ppo.tasks.maths")),  # alone
-    ("verl_group_ppo.tasks.maths", ("verl_group_ppo.demo", "verl_group_ppo.tasks.tiny", "verl_group_ppo.integration")),
+    ("verl_group_ppo.rollout", ("verl_group_ppo.tasks", "verl_group_ppo.integration")),
+    ("verl_group_ppo.tasks.tiny", ("verl_group_ppo.cpu", "verl_group_ppo.tasks.maths")),  # alone
+    ("verl_group_ppo.tasks.maths", ("verl_group_ppo.tasks.tiny", "verl_group_ppo.integration")),
     # the tasks' room imports no verl glue
-    ("verl_group_ppo.tasks", ("verl_group_ppo.demo", "verl_group_ppo.integration")),
+    ("verl_group_ppo.tasks", ("verl_group_ppo.integration",)),
 ])
 def test_package_reaches_none_of_the_forbidden_ones(package, forbidden):
     graph = _import_graph()
@@ -241,15 +241,15 @@ def test_the_hf_rollouts_registration_imports_only_the_standard_library():
     assert imported and not {m for m in imported if m.split(".")[0] not in sys.stdlib_module_names | {"__future__"}}
 
 
-def test_demo_package_imports_no_submodule_at_import_time():
-    """``import verl_group_ppo.demo`` loads nothing else: its top-level statements import no module of ours."""
-    tree = _sources()["verl_group_ppo.demo"]
-    top_level = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
-    ours = [ast.unparse(node) for node in top_level
-            if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("verl_group_ppo"))]
-    ours += [ast.unparse(node) for node in top_level if isinstance(node, ast.Import)
-             and any(alias.name.startswith("verl_group_ppo") for alias in node.names)]
-    assert ours == []
+def test_the_package_imports_neither_the_experiments_nor_the_benchmarks():
+    """The package is the plugin, the backend and the tasks: the demo's RL loop (``experiments/``) and the
+    benchmarks sit outside it and only import it."""
+    outside = ("experiments", "benchmarks")
+    found = [f"{name}: {target}" for name, tree in _sources().items() for node in ast.walk(tree)
+             if isinstance(node, (ast.Import, ast.ImportFrom)) and not getattr(node, "level", 0)
+             for target in ([a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""])
+             if target.split(".")[0] in outside]
+    assert found == []
 
 
 def _modules_loaded_by(statement: str) -> set[str]:
@@ -264,17 +264,10 @@ def _modules_loaded_by(statement: str) -> set[str]:
 
 
 @pytest.mark.slow
-def test_importing_the_demo_loads_not_its_command_line():
-    loaded = _modules_loaded_by("import verl_group_ppo.demo")
-    assert "verl_group_ppo.demo" in loaded
-    assert "verl_group_ppo.demo.cli" not in loaded
-
-
-@pytest.mark.slow
-def test_the_reward_function_loads_neither_the_demo_nor_the_cpu_backend():
+def test_the_reward_function_loads_not_the_cpu_backend():
     loaded = _modules_loaded_by("from verl_group_ppo.tasks.reward import compute_score")
     assert {"verl_group_ppo.tasks.tiny.reward", "verl_group_ppo.tasks.maths.reward"} <= loaded
-    assert not {m for m in loaded if _in_package(m, "verl_group_ppo.demo") or _in_package(m, "verl_group_ppo.cpu")}
+    assert not {m for m in loaded if _in_package(m, "verl_group_ppo.cpu")}
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""The estimator-quality probe's measurements (verl_group_ppo.demo.probe_analysis): exact small cases."""
+"""The estimator-quality probe's measurements (experiments.demo.probe_analysis): exact small cases."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 from verl.trainer.ppo.core_algos import compute_gae_advantage_return
 
-from verl_group_ppo.demo.probe_analysis import (
+from experiments.demo.probe_analysis import (
     EstimatorConfig,
     blame_share,
     correlation,

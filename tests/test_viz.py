@@ -79,7 +79,7 @@ def test_endpoints_from_the_dump_mark_group_ends(tmp_path):
 
 
 def test_demo_and_viz_share_the_renderer(tmp_path):
-    from verl_group_ppo.demo import report
+    from experiments.demo import report
 
     row = {"prompt": "1+2=", "answer": "3", "reward": 1.0, "tokens": ["3", " ", "#", "3", "<eos>"],
            "group_ids": [1, 1, 2, 2, 2], "advantages": [0.25, 0.25, -0.5, -0.5, -0.5],

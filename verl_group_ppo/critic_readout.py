@@ -1,7 +1,7 @@
 """The critic's readout on scored replies: the batch layout, the critic's values, one warm-up update through verl's
 value loss, and the explained variance on held-out replies.
 
-The demo's value pretraining (:mod:`verl_group_ppo.demo.pretrain`) and the maths-question task's critic benchmark
+The demo's value pretraining (:mod:`experiments.demo.pretrain`) and the maths-question task's critic benchmark
 (:mod:`verl_group_ppo.tasks.maths.critic`) both measure and train a critic with these functions.
 
 Layout (verl's): ``input_ids`` and ``attention_mask`` are (N, P + R), each prompt left-padded to the common width P

@@ -1,6 +1,6 @@
 """Scoring the tiny task's responses with its exact verifier, and held-out accuracy of a policy.
 
-Used by the demo's RL loop (:mod:`verl_group_ppo.demo.rl`) and by :mod:`verl_group_ppo.tasks.tiny.prepare`,
+Used by the demo's RL loop (`experiments/demo/rl.py`) and by :mod:`verl_group_ppo.tasks.tiny.prepare`,
 which measures the warm start's accuracy the same way.
 """
 

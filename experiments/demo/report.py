@@ -1,6 +1,7 @@
 """Outputs of the demo: results.json, summary.md, learning_curves.png, groups.html and groups.png.
 
-Arm names, labels and colours come from :data:`verl_group_ppo.demo.arms.ARMS`; groups.html is drawn by the
+Paired differences and verdicts come from the comparison rule's one home, ``benchmarks/stats.py``. Arm names,
+labels and colours come from :data:`experiments.demo.arms.ARMS`; groups.html is drawn by the
 project's one renderer, :mod:`verl_group_ppo.render` (``python -m verl_group_ppo.viz`` uses it too).
 """
 
@@ -13,6 +14,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from benchmarks.stats import detectable_of, paired_difference, verdict
 from verl_group_ppo import render
 
 from .arms import ARMS
@@ -50,31 +52,6 @@ def steps_to_reach(steps: np.ndarray, curve: np.ndarray, target: float) -> float
         if v >= target - 1e-12:
             return float(s)
     return None
-
-
-def paired_difference(a: dict[int, float], b: dict[int, float]) -> dict[str, Any]:
-    """Per-seed differences ``a - b`` over the seeds both have: mean, paired standard error
-    (sample std of the differences / sqrt(n); None below 2 seeds) and the differences themselves."""
-    seeds = sorted(set(a) & set(b))
-    d = np.array([a[s] - b[s] for s in seeds], dtype=float)
-    se = float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) >= 2 else None
-    return {"seeds": seeds, "mean": float(d.mean()) if len(d) else None, "se": se, "per_seed": d.tolist()}
-
-
-def verdict(diff: dict[str, Any], min_se_multiple: float = 2.0) -> str:
-    """The comparison rule of docs/results.md for one paired difference ``a - b``.
-
-    ``"win"`` when every seed's difference is positive and the mean exceeds ``min_se_multiple`` paired
-    standard errors, ``"lose"`` by the mirror rule, else ``"level"`` (also with fewer than 2 seeds).
-    """
-    per_seed, mean, se = diff["per_seed"], diff["mean"], diff["se"]
-    if se is None:  # paired_difference gives no standard error below 2 seeds
-        return "level"
-    if all(d > 0 for d in per_seed) and mean > min_se_multiple * se:
-        return "win"
-    if all(d < 0 for d in per_seed) and -mean > min_se_multiple * se:
-        return "lose"
-    return "level"
 
 
 def _arm_row(name: str, rs: list[dict], ppo_end: Optional[float]) -> dict[str, Any]:
@@ -188,15 +165,21 @@ def _pair_table(s: dict) -> list[str]:
         return []
     lines = ["Paired differences over common seeds (mean +- paired standard error = std of the per-seed "
              "differences / sqrt(seeds)); verdict by the rule of docs/results.md (win: every seed's difference "
-             "positive and the mean above 2 paired standard errors; lose: the mirror; else level):", "",
-             "| difference | final eval acc | curve area | per seed (final) | per seed (area) | verdict (final / area) |",
-             "|---|---|---|---|---|---|"]
+             "positive and the mean above 2 paired standard errors; lose: the mirror; else level), and the "
+             "difference the rule detects with 80% power at the observed paired SD (simulated under the rule, "
+             "benchmarks/stats.py):",
+             "",
+             "| difference | final eval acc | curve area | per seed (final) | per seed (area) | "
+             "verdict (final / area) | 80%-detectable difference (final / area) |",
+             "|---|---|---|---|---|---|---|"]
     for p in s["paired_differences"]:
         per_seed = ", ".join(f"{v:+.3f}" for v in p["final"]["per_seed"])
         per_seed_area = ", ".join(f"{v:+.3f}" for v in p["area"]["per_seed"])
         lines.append(f"| {_label(p['a'])} - {_label(p['b'])} | {_pm(p['final']['mean'], p['final']['se'])} | "
                      f"{_pm(p['area']['mean'], p['area']['se'])} | {per_seed} | {per_seed_area} | "
-                     f"{verdict(p['final'])} / {verdict(p['area'])} |")
+                     f"{verdict(p['final'])} / {verdict(p['area'])} | "
+                     f"{_fmt(detectable_of(p['final']['per_seed']))} / "
+                     f"{_fmt(detectable_of(p['area']['per_seed']))} |")
     return lines + [""]
 
 

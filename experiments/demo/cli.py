@@ -1,11 +1,11 @@
-"""``python -m verl_group_ppo.demo``: train and compare GROUP-PPO, PPO (GAE) and GRPO on a CPU in minutes.
+"""``python -m experiments.demo``: train and compare GROUP-PPO, PPO (GAE) and GRPO on a CPU in minutes.
 
 One process (plus optional worker processes): build the task and a character tokenizer, warm-start a tiny
 Qwen2 policy with a short supervised phase (cached in the output directory and shared by every run), then
 train one RL run per (arm, seed) and write the comparison. See docs/demo.md.
 
 The flags are built from the fields of :class:`DemoOptions` (this run) and
-:class:`~verl_group_ppo.demo.rl.RunConfig` (every arm's hyperparameters): each default is written once,
+:class:`~experiments.demo.rl.RunConfig` (every arm's hyperparameters): each default is written once,
 on its field; ``--quick`` changes the few in :data:`QUICK`.
 """
 
@@ -65,7 +65,7 @@ QUICK: dict[str, Any] = {"steps": 150, "seeds": "1"}
 def build_parser() -> argparse.ArgumentParser:
     """The demo's argument parser: one flag per field of DemoOptions and RunConfig, plus ``--group-param``."""
     p = argparse.ArgumentParser(
-        prog="python -m verl_group_ppo.demo",
+        prog="python -m experiments.demo",
         description="Train a tiny Qwen2 policy with GROUP-PPO, PPO (GAE) and GRPO on an offline arithmetic task "
                     "with an exact verifier, and compare them. CPU by default, CUDA when present.")
     add_arguments(p, DemoOptions)
@@ -406,7 +406,7 @@ def _meta(argv, opts: DemoOptions, prep: DemoSetup, seeds: list[int], arms: list
           workers: int, threads: int) -> dict[str, Any]:
     cfg = prep.cfg
     return {
-        "command": "python -m verl_group_ppo.demo " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": "python -m experiments.demo " + " ".join(sys.argv[1:] if argv is None else argv),
         "task": prep.task.name, "task_spec": prep.task.spec(), "model_size": opts.model_size,
         "steps": cfg.steps, "seeds": seeds, "estimators": arms, "prompts_per_step": cfg.prompts_per_step,
         "n_samples": cfg.n_samples, "eval_size": min(cfg.eval_size, len(prep.evals)),

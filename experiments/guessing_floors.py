@@ -1,12 +1,12 @@
 """What the tiny tasks' policies would score without reading the prompt: the best constant response's share of the
 problems each comparison measures on (:func:`verl_group_ppo.tasks.tiny.problems.guessing_floor`).
 
-    python benchmarks/bench_guessing_floors.py      # a few seconds, no model
+    python -m experiments.guessing_floors      # a few seconds, no model
 
 One row per (task, problem set) that a comparison in docs/results.md reports on, built exactly as its pipeline builds
 it (:func:`verl_group_ppo.tasks.tiny.problems.split_problems` with the pipeline's own sizes and seed):
 
-* the demo (``python -m verl_group_ppo.demo``: the demo comparison, longer chains, edge vs response length): its
+* the demo (``python -m experiments.demo``: the demo comparison, longer chains, edge vs response length): its
   held-out prompts, at 4-5, 8-10 and 12-14 terms, graded with ``check_work`` (steps and answer);
 * the CPU launcher's tiny task (``python -m verl_group_ppo.tasks.tiny.prepare``: the main command, value sources): its
   test split and its training pool (the comparisons read the training reward), graded with ``check_work``;
@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 from typing import Callable, NamedTuple
 
-from verl_group_ppo.demo.cli import DemoOptions
+from experiments.demo.cli import DemoOptions
 from verl_group_ppo.tasks.tiny.prepare import PrepareSettings, settings_from_flags, task_and_split
 from verl_group_ppo.tasks.tiny.variants import TOOLS
 from verl_group_ppo.tasks.tiny.problems import Problem, Task, guessing_floor, make_task, parse_terms, split_problems

@@ -2,11 +2,11 @@
 
 The pre-registered comparison of docs/results.md ("Critic regimes") on the default task from the demo's warm
 start: group_ppo, group_ppo_per_token, endpoint_loss, gae (lam 1) and vapo in two critic regimes (``recipe``: the
-demo's critic recipe; ``pretrained``: the same from a pretrained critic, :mod:`verl_group_ppo.demo.pretrain`), and
+demo's critic recipe; ``pretrained``: the same from a pretrained critic, :mod:`experiments.demo.pretrain`), and
 grpo once (it has no critic). Rerun the first command after an interruption::
 
-    .venv/bin/python benchmarks/bench_critic_regimes.py --output-dir runs/critic-regimes
-    .venv/bin/python benchmarks/bench_critic_regimes.py --output-dir runs/critic-regimes --report
+    .venv/bin/python -m experiments.critic_regimes --output-dir runs/critic-regimes
+    .venv/bin/python -m experiments.critic_regimes --output-dir runs/critic-regimes --report
 
 A finished run is kept as ``RUNS/<regime>/<arm>-seed<seed>.json`` and skipped by a rerun, which reuses the cached
 warm start and pretrained critic. The report, of the runs found (missing ones listed): per regime each arm's mean
@@ -23,7 +23,7 @@ import statistics
 import time
 from typing import Any
 
-from benchlib import DEMO_METRICS, REPO, Run, Sweep, cell, differences, figure, plan, run_pending
+from benchmarks.benchlib import DEMO_METRICS, REPO, Run, Sweep, cell, differences, figure, plan, run_pending
 
 REGIMES = ("recipe", "pretrained")
 #: value pretraining of the ``pretrained`` regime (fixed before the comparison: docs/results.md)
@@ -71,10 +71,10 @@ def run_sweep(out_dir: str, steps: int, log=print) -> int:
     """Every pending run, one after the other, each written when it finishes; returns how many ran."""
     import torch
 
-    import verl_group_ppo.demo.report  # noqa: F401  (loaded now: the report after hours of runs needs no file)
-    from verl_group_ppo.demo.cli import DemoOptions, setup_demo
-    from verl_group_ppo.demo.pretrain import PretrainConfig
-    from verl_group_ppo.demo.rl import RunConfig, run_one
+    import experiments.demo.report  # noqa: F401  (loaded now: the report after hours of runs needs no file)
+    from experiments.demo.cli import DemoOptions, setup_demo
+    from experiments.demo.pretrain import PretrainConfig
+    from experiments.demo.rl import RunConfig, run_one
 
     torch.set_num_threads(1)
     setups: dict[str, Any] = {}
@@ -122,7 +122,7 @@ def arm_summary(runs: list[dict]) -> dict[str, dict]:
 
 
 def _label(arm: str) -> str:
-    from verl_group_ppo.demo.arms import ARMS
+    from experiments.demo.arms import ARMS
 
     return ARMS[arm].label
 

@@ -1,11 +1,11 @@
-"""``python -m verl_group_ppo.demo.probe``: how good is each advantage estimator's credit assignment?
+"""``python -m experiments.demo.probe``: how good is each advantage estimator's credit assignment?
 
 On the demo's task, models and warm-start cache, at two checkpoints (the warm start, after ``--critic-steps``
 critic-only steps; and after ``--rl-steps`` more RL steps of ``--arm``), sample responses, estimate the true
 value of every prefix by ``--mc`` Monte Carlo completions (batched), and score every estimator configuration
-(:func:`~verl_group_ppo.demo.probe_analysis.default_configs`) with the trained critic and, as an upper bound,
+(:func:`~experiments.demo.probe_analysis.default_configs`) with the trained critic and, as an upper bound,
 with the Monte Carlo values in the critic's place. Writes ``DIR/probe.md`` (tables), ``DIR/probe.json`` and
-``DIR/probe.png``. What the scores mean: :mod:`~verl_group_ppo.demo.probe_analysis`; what they showed:
+``DIR/probe.png``. What the scores mean: :mod:`~experiments.demo.probe_analysis`; what they showed:
 docs/results.md.
 """
 
@@ -139,7 +139,7 @@ def score_configs(batch: ProbeBatch) -> list[dict[str, Any]]:
 
 def run_checkpoints(setup, opts: ProbeOptions, log) -> dict[str, Any]:
     """Critic-only steps, probe (warm start); RL steps, probe again. ``setup`` is the demo's
-    :class:`~verl_group_ppo.demo.cli.DemoSetup`. Returns the JSON record."""
+    :class:`~experiments.demo.cli.DemoSetup`. Returns the JSON record."""
     from .arms import get_arm
     from .rl import build_learner, train_step
 
@@ -220,7 +220,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     from .pretrain import PretrainConfig
     from .rl import RunConfig
 
-    parser = argparse.ArgumentParser(prog="python -m verl_group_ppo.demo.probe", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m experiments.demo.probe", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser, ProbeOptions)
     add_arguments(parser, PretrainConfig)

@@ -2,8 +2,8 @@
 
 The pre-registered sweep of docs/results.md ("Edge vs response length"), one length at a time, then the report::
 
-    .venv/bin/python benchmarks/bench_edge_vs_length.py --terms 4-5     # also 8-10 and 12-14
-    .venv/bin/python benchmarks/bench_edge_vs_length.py --report
+    .venv/bin/python -m experiments.edge_vs_length --terms 4-5     # also 8-10 and 12-14
+    .venv/bin/python -m experiments.edge_vs_length --report
 
 A length runs the demo (its defaults for every arm) twice on one cached warm start: group_ppo, gae, sae and grpo
 on seeds 0-2, then group_ppo and gae on seeds 3-5. The report reads every length under ``--output-dir``: the paired
@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from benchlib import DEMO_METRICS, REPO, cell, differences, figure, read_json
+from benchmarks.benchlib import DEMO_METRICS, REPO, cell, differences, figure, read_json
 
 #: the runs of one length: (name, arms, seeds)
 PARTS = (("a", "group_ppo,gae,sae,grpo", "0,1,2"), ("b", "group_ppo,gae", "3,4,5"))
@@ -38,12 +38,12 @@ class Length(NamedTuple):
     terms: str
     mean_response_length: float
     differences: dict  # differences(): pair -> metric -> paired difference and verdict
-    arms: dict  # verl_group_ppo.demo.report.summarise(...)["estimators"]: arm -> final_mean, seeds, ...
+    arms: dict  # experiments.demo.report.summarise(...)["estimators"]: arm -> final_mean, seeds, ...
 
 
 def run_length(terms: str, out_root: str, steps: int) -> None:
     """Both parts of one length, in ``OUT_ROOT/terms-<terms>/``; the second reuses the first's warm-start cache."""
-    from verl_group_ppo.demo.cli import main as demo_main
+    from experiments.demo.cli import main as demo_main
 
     out_dir = os.path.join(out_root, f"terms-{terms}")
     for name, arms, seeds in PARTS:
@@ -53,7 +53,7 @@ def run_length(terms: str, out_root: str, steps: int) -> None:
             os.symlink(os.path.abspath(os.path.join(out_dir, PARTS[0][0], "cache")), cache)
         argv = ["--terms", terms, "--steps", str(steps), "--estimators", arms, "--seeds", seeds,
                 "--output-dir", os.path.join(out_dir, name), "--no-progress"]
-        print(f"[edge] terms {terms}, part {name}: python -m verl_group_ppo.demo {' '.join(argv)}", flush=True)
+        print(f"[edge] terms {terms}, part {name}: python -m experiments.demo {' '.join(argv)}", flush=True)
         if demo_main(argv) != 0:
             raise SystemExit(f"the demo failed for terms {terms}, part {name}")
 
@@ -106,7 +106,7 @@ def _trend_line(rows: list, pair: str, label: str) -> str:
 def load_rows(out_root: str) -> list[Length]:
     """Every finished length under ``out_root``, shortest mean response first (unfinished ones left out, and
     said so on stderr)."""
-    from verl_group_ppo.demo.report import summarise
+    from experiments.demo.report import summarise
 
     rows: list[Length] = []
     for folder in sorted(path for path in Path(out_root).glob("terms-*") if path.is_dir()):

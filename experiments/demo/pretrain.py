@@ -75,7 +75,7 @@ class CriticRecipe:
 
     @classmethod
     def of_run(cls, cfg) -> "CriticRecipe":
-        """The recipe of the run config ``cfg`` (a :class:`~verl_group_ppo.demo.rl.RunConfig`)."""
+        """The recipe of the run config ``cfg`` (a :class:`~experiments.demo.rl.RunConfig`)."""
         return cls(gamma=cfg.gamma, mini_batch_size=cfg.critic_mini_batch_size, grad_clip=cfg.grad_clip,
                    lr_warmup_steps=cfg.lr_warmup_steps)
 
@@ -94,7 +94,7 @@ class PretrainSamples:
 
     @classmethod
     def of_run(cls, cfg) -> "PretrainSamples":
-        """The sampling settings of the resolved run config ``cfg`` (a :class:`~verl_group_ppo.demo.rl.RunConfig`)."""
+        """The sampling settings of the resolved run config ``cfg`` (a :class:`~experiments.demo.rl.RunConfig`)."""
         return cls(cfg.response_len, cfg.prompts_per_step, cfg.n_samples, cfg.temperature, cfg.eval_size,
                    cfg.eval_samples)
 
@@ -215,7 +215,7 @@ def pretrained_critic_state(pc: PretrainConfig, cache_dir: str, warmstart_key: s
                             tok: CharTokenizer, train: list[Problem], evals: list[Problem], cfg,
                             log: Callable[[str], None] = print) -> tuple[Optional[dict], dict]:
     """The demo's entry: (state_dict, info) of the pretrained critic for the run config ``cfg`` (a resolved
-    :class:`~verl_group_ppo.demo.rl.RunConfig`), or (None, {}) when pretraining is off."""
+    :class:`~experiments.demo.rl.RunConfig`), or (None, {}) when pretraining is off."""
     if not pc.enabled:
         return None, {}
     recipe, samples = CriticRecipe.of_run(cfg), PretrainSamples.of_run(cfg)

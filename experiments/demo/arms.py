@@ -183,7 +183,7 @@ ARMS: dict[str, Arm] = {a.name: a for a in (
         group_params=VAPO_GROUP_PARAMS),
     Arm("grpo", "GRPO", "#2ca02c", NO_CRITIC, _grpo),
 )}
-#: the arms a plain ``python -m verl_group_ppo.demo`` compares
+#: the arms a plain ``python -m experiments.demo`` compares
 DEFAULT_ARMS = ("group_ppo", "gae", "grpo")
 
 

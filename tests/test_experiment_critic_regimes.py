@@ -1,4 +1,4 @@
-"""bench_critic_regimes: the pre-registered plan, one file per run, resuming after an interruption, and the
+"""experiments/critic_regimes.py: the pre-registered plan, one file per run, resuming after an interruption, and the
 report's numbers on fake run records and on the committed ones (nothing trains)."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def _fake_sweep(bench, out_dir: str, missing: int = 4):
 
 
 def test_critic_regimes_plan_is_the_preregistered_one():
-    bench = _load("bench_critic_regimes")
+    bench = _load("experiments.critic_regimes")
     jobs = bench.sweep("out").runs
     assert len(jobs) == len(set(jobs)) == 37  # (4 + 4 + 3 + 3 + 3) x 2 regimes + GRPO's 3
     count = lambda arm, regime: sorted(j.seed for j in jobs if j.arm == arm and j.condition == regime)  # noqa: E731
@@ -47,10 +47,10 @@ def test_critic_regimes_plan_is_the_preregistered_one():
 def test_critic_regimes_resume_runs_only_unfinished_runs(tmp_path, monkeypatch):
     from types import SimpleNamespace
 
-    import verl_group_ppo.demo.cli as cli
-    import verl_group_ppo.demo.rl as rl
+    import experiments.demo.cli as cli
+    import experiments.demo.rl as rl
 
-    bench = _load("bench_critic_regimes")
+    bench = _load("experiments.critic_regimes")
     setups, ran = [], []
     monkeypatch.setattr(cli, "setup_demo", lambda opts, cfg, device, log, pretrain: setups.append(pretrain.enabled)
                         or SimpleNamespace(cfg=cfg, task=None, tok=None, train=None, evals=None, init_state={},
@@ -90,7 +90,7 @@ def test_critic_regimes_resume_runs_only_unfinished_runs(tmp_path, monkeypatch):
 
 
 def test_critic_regimes_report_names_missing_runs_and_applies_the_rule(tmp_path):
-    bench = _load("bench_critic_regimes")
+    bench = _load("experiments.critic_regimes")
     runs = _fake_sweep(bench, str(tmp_path))
     text = bench.report(str(tmp_path), str(tmp_path / "regimes.png"))
     missing = re.search(r"Missing runs \((\d+) of (\d+)\): (.*)", text)
@@ -115,7 +115,7 @@ def test_critic_regimes_report_names_missing_runs_and_applies_the_rule(tmp_path)
 
 
 def test_critic_regimes_figure_shows_each_arms_mean_and_two_standard_errors(tmp_path):
-    bench = _load("bench_critic_regimes")
+    bench = _load("experiments.critic_regimes")
     _fake_sweep(bench, str(tmp_path))
     by_regime = bench.load_runs(bench.sweep(str(tmp_path)))
     data = bench.figure_data({r: bench.arm_summary(by_regime[r]) for r in bench.REGIMES})
@@ -128,7 +128,7 @@ def test_critic_regimes_figure_shows_each_arms_mean_and_two_standard_errors(tmp_
 
 def test_critic_regimes_report_reproduces_the_committed_tables(tmp_path):
     """docs/results.md's critic-regime tables are what --report prints from benchmarks/results/critic_regimes/."""
-    bench = _load("bench_critic_regimes")
+    bench = _load("experiments.critic_regimes")
     text = bench.report(str(REPO / "benchmarks" / "results" / "critic_regimes"), str(tmp_path / "regimes.png"))
     docs = (REPO / "docs" / "results.md").read_text()
     assert "All 37 runs finished." in text

@@ -1,10 +1,10 @@
 """Which value-pretraining settings give the demo's critic the highest held-out explained variance.
 
-    .venv/bin/python benchmarks/bench_value_pretraining.py --setup-dir runs/critic-regimes/setup --steps 100
+    .venv/bin/python -m experiments.value_pretraining --setup-dir runs/critic-regimes/setup --steps 100
 
 Every setting pretrains a fresh critic (backbone from the warm start, value head at zero) for ``--steps``
 critic-only steps on one pool of the warm-start policy's samples and measures its explained variance on the same
-held-out responses (:mod:`verl_group_ppo.demo.pretrain`, through :mod:`verl_group_ppo.critic_readout`). The warm
+held-out responses (:mod:`experiments.demo.pretrain`, through :mod:`verl_group_ppo.critic_readout`). The warm
 start is the demo's default one, cached under ``--setup-dir`` (trained there when missing). The settings: the
 demo's recipe (lr 1e-3, 1 epoch, value clip 0.5, Monte Carlo targets), one change at a time from it
 (:data:`SETTINGS`), and the ``--combine`` combinations.
@@ -18,7 +18,7 @@ import itertools
 import os
 import time
 
-from benchlib import REPO, timed, write_json
+from benchmarks.benchlib import REPO, timed, write_json
 
 #: the demo's RL critic recipe as pretraining settings, and one change at a time from it
 RECIPE = {"critic_pretrain_lr": 1e-3, "critic_pretrain_epochs": 1, "critic_pretrain_clip": 0.5,
@@ -83,10 +83,10 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from verl_group_ppo.demo.cli import DemoOptions, setup_demo
-    from verl_group_ppo.demo.pretrain import (CriticRecipe, PretrainConfig, PretrainSamples, pretrain_critic,
+    from experiments.demo.cli import DemoOptions, setup_demo
+    from experiments.demo.pretrain import (CriticRecipe, PretrainConfig, PretrainSamples, pretrain_critic,
                                               pretraining_data)
-    from verl_group_ppo.demo.rl import RunConfig
+    from experiments.demo.rl import RunConfig
     from verl_group_ppo.tasks.tiny.model import build_critic, build_policy
 
     torch.set_num_threads(1)

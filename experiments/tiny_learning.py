@@ -1,10 +1,10 @@
 """How fast the training reward rises on the prepared tiny task, through the demo's own RL loop (seconds, not
 verl's minutes): a cheap way to choose the CPU launcher's batch, steps and learning rate before a real run.
 
-    python benchmarks/bench_cpu_tiny_learning.py --work-dir runs/cpu-tiny --prompts 32 --steps 40 --seeds 0,1,2
+    python -m experiments.tiny_learning --work-dir runs/cpu-tiny --prompts 32 --steps 40 --seeds 0,1,2
 
 It loads ``WORK_DIR/model`` (made by ``python -m verl_group_ppo.tasks.tiny.prepare``) with its BPE tokenizer and chat
-template, rebuilds the same problem split, and runs :func:`verl_group_ppo.demo.rl.run_one` with the
+template, rebuilds the same problem split, and runs :func:`experiments.demo.rl.run_one` with the
 launcher's shape (``--prompts`` x 4 responses, one actor update per step, no KL, gamma = lam = 1, no lr or
 critic warm-up: verl's defaults). For each seed it prints the training reward over the first and the last
 10 steps and the rise, the quantity the launcher's target is stated in; then the mean and spread over seeds.
@@ -17,7 +17,7 @@ import json
 import statistics
 from pathlib import Path
 
-from benchlib import int_list, timed
+from benchmarks.benchlib import int_list, timed
 from verl_group_ppo.tasks import contract
 from verl_group_ppo.tasks.tiny.spec import TINY
 
@@ -48,7 +48,7 @@ def main(argv=None) -> int:
 
     from verl_group_ppo.tasks.tiny.chat import ChatTokenizer
     from verl_group_ppo.tasks.tiny.prepare import PrepareSettings, task_and_split
-    from verl_group_ppo.demo.rl import RunConfig, run_one
+    from experiments.demo.rl import RunConfig, run_one
 
     torch.set_num_threads(1)
     settings = json.loads(key.read_text())["settings"]

@@ -6,7 +6,7 @@ them; then times one periodic eval and one final eval on the default setup. Prin
 per step for each, their ratio, and the evals in units of one default step (what the final eval adds to
 a run). Absolute seconds depend on the machine's load; the ratios are the figures to use.
 
-    python benchmarks/bench_demo_step.py --steps 6 --long-terms 10-12 --warmstart-steps 300
+    python -m experiments.demo_step --steps 6 --long-terms 10-12 --warmstart-steps 300
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ import json
 import os
 import statistics
 
-from benchlib import timed
+from benchmarks.benchlib import timed
 
 
 def _setup(terms, args):
-    from verl_group_ppo.demo.cli import DemoOptions, setup_demo
-    from verl_group_ppo.demo.rl import RunConfig
+    from experiments.demo.cli import DemoOptions, setup_demo
+    from experiments.demo.rl import RunConfig
 
     opts = DemoOptions(output_dir=os.path.join(args.cache_dir, f"terms-{terms or 'default'}"), terms=terms,
                        warmstart_steps=args.warmstart_steps, final_eval_size=args.final_eval_size, no_progress=True)
@@ -40,8 +40,8 @@ def main() -> None:
 
     import torch
 
-    from verl_group_ppo.demo.arms import ARMS
-    from verl_group_ppo.demo.rl import Evaluator, build_learner, train_step
+    from experiments.demo.arms import ARMS
+    from experiments.demo.rl import Evaluator, build_learner, train_step
 
     torch.set_num_threads(args.threads)
     setups = {"default": _setup(None, args), args.long_terms: _setup(args.long_terms, args)}

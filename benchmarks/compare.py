@@ -1,0 +1,456 @@
+"""The comparison engine: run any comparison spec through verl's ``main_ppo`` launchers, resumably, and report it.
+
+    python benchmarks/compare.py --list                       # the specs in benchmarks/specs/
+    python benchmarks/compare.py --run tiny_value_sources     # run the missing runs (resumable)
+    python benchmarks/compare.py --run tiny_value_sources --worker 2/2   # a second worker takes the other half
+    python benchmarks/compare.py --report tiny_value_sources  # each pair's verdict per metric
+
+A comparison is data: one JSON file ``benchmarks/specs/NAME.json`` (:func:`load_spec`, docs/benchmarks.md "The
+comparison engine") names its arms (a launcher command and the arm's own Hydra overrides and environment), seeds,
+steps, the metrics read from verl's per-step log lines, and the registered pairs. Each planned run (arm, seed) is
+one JSON record ``RESULTS/ARM-seedSEED.json``, written atomically when the run ends and skipped when present, so an
+interrupted sweep resumes where it stopped. A record carries the run's exact command (paths relative to the
+repository), the code version (commit, ``git describe`` and whether the tree was dirty), its status and verl's
+metrics per step. A run whose output stops growing for the spec's ``stall_seconds`` (e.g. a Ray worker killed by
+the memory monitor leaves verl's agent loop waiting forever) is killed and recorded as failed with the reason;
+the sweep goes on. ``--retry-failed`` runs the failed ones again.
+
+The report applies the comparison rule of :mod:`stats` to every pair and metric: the mean paired difference, its
+paired standard error, the 80%-detectable difference at the observed paired SD, the run's rise (where the metric
+names its start) and the verdict: win, lose, level, or not measurable when the detectable difference exceeds half
+the rise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from statistics import mean
+from typing import Any, Callable, Optional, Sequence
+
+from benchlib import REPO, portable, read_json, write_json
+from stats import detectable_of, paired_difference, verdict
+
+SPECS = REPO / "benchmarks" / "specs"
+WINDOWS = ("last", "first", "all", "step")
+#: the metric prefixes a record keeps when its spec names none
+KEEP = ("critic/score/", "critic/vf_explained_var", "response_length/mean", "group/", "timing_s/", "actor/entropy",
+        "val-")
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One number per run read from its per-step metrics ``{step: {key: value}}``.
+
+    ``keys`` (one or more, combined with ``weights``: a weighted mean) at ``window``: ``last`` / ``first`` (mean
+    over the last / first ``steps`` training steps, steps >= 1), ``all`` (mean over every training step), or
+    ``step`` (the value at step ``step``; ``"end"`` is the run's planned last step). ``start: true`` reads it from
+    the spec's start run (every run's shared step 0). ``rise_from`` names the metric giving the same quantity at the
+    run's start: the rise is the mean over a pair's runs of this metric minus that one. ``compare: false`` keeps a
+    metric out of the pairs (a start value, shown in the arm table only)."""
+
+    name: str
+    keys: tuple[str, ...]
+    window: str
+    steps: int = 1
+    step: Any = "end"
+    weights: Optional[tuple[float, ...]] = None
+    start: bool = False
+    rise_from: Optional[str] = None
+    compare: bool = True
+
+
+@dataclass(frozen=True)
+class Arm:
+    """An arm: the launcher command (split like a shell), its own overrides and environment, its seeds."""
+
+    name: str
+    launcher: tuple[str, ...]
+    overrides: tuple[str, ...] = ()
+    env: dict = field(default_factory=dict)
+    seeds: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A comparison (see :func:`load_spec` for the file's fields)."""
+
+    name: str
+    description: str
+    results: str
+    steps: int
+    arms: dict
+    pairs: tuple
+    metrics: dict
+    overrides: tuple[str, ...] = ()
+    env: dict = field(default_factory=dict)
+    keep: tuple[str, ...] = KEEP
+    stall_seconds: float = 1800.0
+    start: Optional[Arm] = None
+
+    def runs(self) -> list[tuple[str, int]]:
+        """The planned runs (arm, seed): the start run first, then seed by seed, every arm of a seed in the arms'
+        order before the next seed (an interrupted sweep holds whole seeds)."""
+        seeds = sorted({s for arm in self.arms.values() for s in arm.seeds})
+        plan = [(a, s) for s in seeds for a, arm in self.arms.items() if s in arm.seeds]
+        return ([(self.start.name, 0)] if self.start else []) + plan
+
+    def path(self, arm: str, seed: int) -> Path:
+        return REPO / self.results / f"{arm}-seed{seed}.json"
+
+
+def _need(value: Any, ok: bool, name: str, what: str) -> Any:
+    if not ok:
+        raise ValueError(f"{name}: need {what}, got {value!r}")
+    return value
+
+
+def _arm(name: str, data: dict, seeds: Sequence[int], where: str) -> Arm:
+    launcher = data.get("launcher")
+    _need(launcher, isinstance(launcher, str) and launcher.strip() != "", f"{where}.launcher", "a command string")
+    arm_seeds = data.get("seeds", list(seeds))
+    _need(arm_seeds, isinstance(arm_seeds, list) and all(isinstance(s, int) for s in arm_seeds),
+          f"{where}.seeds", "a list of integers")
+    return Arm(name, tuple(shlex.split(launcher)), tuple(data.get("overrides", ())), dict(data.get("env", {})),
+               tuple(arm_seeds))
+
+
+def _metric(name: str, data: dict) -> Metric:
+    where = f"metrics.{name}"
+    keys = data.get("key", data.get("keys"))
+    keys = [keys] if isinstance(keys, str) else keys
+    _need(keys, isinstance(keys, list) and keys and all(isinstance(k, str) for k in keys), f"{where}.key",
+          "a metric key or a list of them")
+    window = _need(data.get("window"), data.get("window") in WINDOWS, f"{where}.window", f"one of {WINDOWS}")
+    weights = data.get("weights")
+    if weights is not None:
+        _need(weights, isinstance(weights, list) and len(weights) == len(keys), f"{where}.weights",
+              "one weight per key")
+    return Metric(name, tuple(keys), window, int(data.get("steps", 1)), data.get("step", "end"),
+                  tuple(weights) if weights else None, bool(data.get("start", False)), data.get("rise_from"),
+                  bool(data.get("compare", True)))
+
+
+def load_spec(path: os.PathLike | str) -> Spec:
+    """The spec in ``path`` (JSON). Fields: ``description``; ``results`` (the records' folder, relative to the
+    repository); ``steps``; ``seeds``; ``arms`` (name -> ``launcher``, optional ``overrides``, ``env``, ``seeds``);
+    ``pairs`` (``[arm, baseline]`` lists); ``metrics`` (name -> :class:`Metric` fields: ``key`` or ``keys``,
+    ``window``, ``steps``, ``step``, ``weights``, ``start``, ``rise_from``, ``compare``); optional ``overrides`` and
+    ``env`` every run gets, ``keep`` (the metric prefixes a record keeps), ``stall_seconds``, and ``start`` (one
+    run, seed 0, shared by every arm as its step 0: its own launcher, overrides and env; the spec's env applies to
+    it, the spec's overrides do not). Overrides may hold ``{arm}``, ``{seed}``, ``{steps}``, ``{spec}``; an env
+    value ``{repo}``. ValueError naming the first bad field."""
+    path = Path(path)
+    data = json.loads(path.read_text())
+    steps = _need(data.get("steps"), isinstance(data.get("steps"), int) and data["steps"] >= 0, "steps",
+                  "an integer >= 0")
+    seeds = data.get("seeds", [])
+    arms_data = _need(data.get("arms"), isinstance(data.get("arms"), dict) and data["arms"], "arms",
+                      "a non-empty object of arms")
+    arms = {name: _arm(name, arm, seeds, f"arms.{name}") for name, arm in arms_data.items()}
+    for name, arm in arms.items():
+        _need(list(arm.seeds), bool(arm.seeds), f"arms.{name}.seeds", "at least one seed (or top-level seeds)")
+    pairs = tuple(tuple(p) for p in data.get("pairs", []))
+    for p in pairs:
+        _need(list(p), len(p) == 2 and all(a in arms for a in p), "pairs", f"[arm, baseline] of the arms {list(arms)}")
+    metrics_data = _need(data.get("metrics"), isinstance(data.get("metrics"), dict) and data["metrics"], "metrics",
+                         "a non-empty object")
+    metrics = {name: _metric(name, m) for name, m in metrics_data.items()}
+    for m in metrics.values():
+        _need(m.rise_from, m.rise_from is None or m.rise_from in metrics, f"metrics.{m.name}.rise_from",
+              "the name of another metric")
+    start = _arm("start", data["start"], [0], "start") if data.get("start") else None
+    _need(start, start is not None or not any(m.start for m in metrics.values()), "start",
+          "a start run for the metrics read from it")
+    results = _need(data.get("results"), isinstance(data.get("results"), str) and not os.path.isabs(data["results"]),
+                    "results", "a folder relative to the repository")
+    return Spec(path.stem, data.get("description", ""), results, steps, arms, pairs, metrics,
+                tuple(data.get("overrides", ())), dict(data.get("env", {})), tuple(data.get("keep", KEEP)),
+                float(data.get("stall_seconds", 1800.0)), start)
+
+
+def list_specs(folder: Path = SPECS) -> list[tuple[str, str]]:
+    """(name, description) of every spec in ``folder``."""
+    return [(p.stem, load_spec(p).description) for p in sorted(folder.glob("*.json"))]
+
+
+def spec_path(name: str, folder: Path = SPECS) -> Path:
+    """A spec's file from its name (or a path to one); SystemExit naming the known ones when missing."""
+    path = Path(name) if name.endswith(".json") else folder / f"{name}.json"
+    if not path.exists():
+        raise SystemExit(f"spec {name!r}: no {path}; the specs: {', '.join(n for n, _ in list_specs(folder))}")
+    return path
+
+
+# ---------------------------------------------------------------------------------------------------- running
+
+
+def code_version(repo: Path = REPO) -> dict[str, Any]:
+    """The tree's commit, ``git describe --always --dirty`` and whether it had uncommitted changes (None values
+    outside a git checkout)."""
+    def git(*args: str) -> Optional[str]:
+        try:
+            return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=60,
+                                  check=True).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return None
+
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"commit": git("rev-parse", "HEAD"), "describe": git("describe", "--always", "--dirty", "--tags"),
+            "dirty": None if status is None else status != ""}
+
+
+def command(spec: Spec, arm_name: str, seed: int, checkpoint_dir: str) -> tuple[list[str], dict[str, str]]:
+    """The run's argument list and its own environment (the spec's, then the arm's; ``{repo}`` in a value is the
+    repository root, for a path the launcher's processes read from another folder)."""
+    is_start = spec.start is not None and arm_name == spec.start.name
+    arm = spec.start if is_start else spec.arms[arm_name]
+    steps = 0 if is_start else spec.steps
+    fill = {"arm": arm_name, "seed": seed, "steps": steps, "spec": spec.name}
+    overrides = arm.overrides if is_start else (*spec.overrides, *arm.overrides)
+    args = [*arm.launcher, f"trainer.total_training_steps={steps}", *(o.format(**fill) for o in overrides),
+            f"trainer.default_local_dir={checkpoint_dir}"]
+    env = {key: str(value).replace("{repo}", str(REPO)) for key, value in {**spec.env, **arm.env}.items()}
+    return args, env
+
+
+@dataclass
+class Outcome:
+    """What a watched process did: its exit code (None when killed), the reason it was killed, wall seconds."""
+
+    returncode: Optional[int]
+    killed: Optional[str]
+    seconds: float
+
+
+def run_watched(args: Sequence[str], env: dict[str, str], log_path: Path, stall_seconds: float,
+                poll: float = 1.0, cwd: Path = REPO) -> Outcome:
+    """Run ``args`` with its output to ``log_path``; kill its whole process group when the log has not grown for
+    ``stall_seconds`` (the run stalls: nothing moves, nothing ends)."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    start = last_growth = time.monotonic()
+    size = -1
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(list(args), env={**os.environ, **env}, cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        while proc.poll() is None:
+            time.sleep(poll)
+            now_size = log_path.stat().st_size
+            if now_size != size:
+                size, last_growth = now_size, time.monotonic()
+            elif time.monotonic() - last_growth > stall_seconds:
+                _kill_group(proc)
+                reason = f"stalled: no new output for {stall_seconds:g} s; killed"
+                return Outcome(None, reason, time.monotonic() - start)
+    return Outcome(proc.returncode, None, time.monotonic() - start)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGTERM to the process group of ``proc`` (it leads its own session), SIGKILL after 10 s."""
+    for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 30)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def run_one(spec: Spec, arm: str, seed: int, runs_dir: Path) -> dict:
+    """Run one (arm, seed) of ``spec`` and return its record: status ``ok`` or ``failed`` with the reason."""
+    from verl_group_ppo.logs import parse_step_metrics
+
+    label = f"{arm}-seed{seed}"
+    checkpoints = runs_dir / "checkpoints" / label
+    args, env = command(spec, arm, seed, str(checkpoints))
+    log_path = runs_dir / f"{label}.log"
+    version = code_version()
+    outcome = run_watched(args, {"PYTHON": sys.executable, **env}, log_path, spec.stall_seconds)
+    shutil.rmtree(checkpoints, ignore_errors=True)  # no comparison reads checkpoints
+    metrics = parse_step_metrics(log_path.read_text(errors="replace"))
+    steps_planned = 0 if spec.start and arm == spec.start.name else spec.steps
+    logged = sorted(set(metrics) - {0})
+    wrong_steps = logged != list(range(1, steps_planned + 1))
+    reason = outcome.killed or (f"exit code {outcome.returncode}" if outcome.returncode else None) or (
+        f"logged steps {logged[:3]}..., not 1..{steps_planned}" if wrong_steps else None)
+    return {"spec": spec.name, "arm": arm, "seed": seed, "steps_planned": steps_planned,
+            "status": "failed" if reason else "ok", "reason": reason, "code_version": version,
+            "command": " ".join([*(f"{k}={portable(str(v))}" for k, v in env.items()), *(portable(a) for a in args)]),
+            "log": portable(str(log_path)), "seconds": round(outcome.seconds, 1),
+            "steps": {str(s): {k: v for k, v in m.items() if k.startswith(spec.keep)} for s, m in metrics.items()}}
+
+
+def finished(record: Optional[dict], retry_failed: bool = False) -> bool:
+    """Whether a kept record ends its run: present, and not a failure to retry."""
+    return isinstance(record, dict) and not (retry_failed and record.get("status") == "failed")
+
+
+def pending(spec: Spec, worker: tuple[int, int] = (1, 1), retry_failed: bool = False) -> list[tuple[str, int]]:
+    """The runs of worker K of N (every N-th planned run from the K-th) without a finished record."""
+    k, n = worker
+    mine = [run for i, run in enumerate(spec.runs()) if i % n == k - 1]
+    return [run for run in mine if not finished(read_json(spec.path(*run)), retry_failed)]
+
+
+def run_spec(spec: Spec, worker: tuple[int, int] = (1, 1), retry_failed: bool = False,
+             runner: Callable[[Spec, str, int, Path], dict] = run_one, runs_dir: Optional[Path] = None,
+             log: Callable[[str], Any] = print) -> int:
+    """Run the pending runs of ``worker``, each record written as its run ends; returns how many ran."""
+    runs_dir = runs_dir or REPO / "runs" / "compare" / spec.name
+    todo = pending(spec, worker, retry_failed)
+    log(f"[compare {spec.name}] worker {worker[0]}/{worker[1]}: {len(todo)} runs to run")
+    ran = 0
+    for arm, seed in todo:
+        if finished(read_json(spec.path(arm, seed)), retry_failed):  # another worker finished it meanwhile
+            continue
+        log(f"[compare {spec.name}] {arm} seed {seed}")
+        record = runner(spec, arm, seed, runs_dir)
+        write_json(spec.path(arm, seed), record)
+        ran += 1
+        log(f"[compare {spec.name}] {arm} seed {seed}: {record['status']}"
+            + (f" ({record['reason']})" if record.get("reason") else "") + f", {record['seconds']:.0f} s")
+    return ran
+
+
+# ---------------------------------------------------------------------------------------------------- report
+
+
+def metric_value(metric: Metric, record: dict, start: Optional[dict] = None) -> Optional[float]:
+    """``metric`` of one run's record (of ``start`` for a start metric); None when a key it needs is missing."""
+    source = start if metric.start else record
+    if source is None:
+        return None
+    steps = {int(s): m for s, m in source["steps"].items()}
+
+    def value(m: dict) -> Optional[float]:
+        if not all(k in m for k in metric.keys):
+            return None
+        weights = metric.weights or (1.0,) * len(metric.keys)
+        return sum(w * m[k] for w, k in zip(weights, metric.keys)) / sum(weights)
+
+    if metric.window == "step":
+        step = source.get("steps_planned", max(steps)) if metric.step == "end" else int(metric.step)
+        return value(steps[step]) if step in steps else None
+    trained = [v for s in sorted(steps) if s > 0 and (v := value(steps[s])) is not None]
+    if not trained:
+        return None
+    chosen = {"last": trained[-metric.steps:], "first": trained[:metric.steps], "all": trained}[metric.window]
+    return mean(chosen)
+
+
+def records(spec: Spec) -> dict[tuple[str, int], dict]:
+    """The kept records of the planned runs."""
+    found = {run: read_json(spec.path(*run)) for run in spec.runs()}
+    return {run: r for run, r in found.items() if isinstance(r, dict)}
+
+
+def values(spec: Spec, kept: dict[tuple[str, int], dict]) -> dict[str, dict[str, dict[int, float]]]:
+    """``{metric: {arm: {seed: value}}}`` over the successful runs of the arms."""
+    start = kept.get((spec.start.name, 0)) if spec.start else None
+    out: dict[str, dict[str, dict[int, float]]] = {m: {a: {} for a in spec.arms} for m in spec.metrics}
+    for (arm, seed), record in kept.items():
+        if arm not in spec.arms or record.get("status", "ok") != "ok":
+            continue
+        for name, metric in spec.metrics.items():
+            v = metric_value(metric, record, start)
+            if v is not None:
+                out[name][arm][seed] = v
+    return out
+
+
+def compare_pair(spec: Spec, vals: dict, arm: str, base: str, metric: str) -> dict[str, Any]:
+    """One pair and metric: the paired difference, the 80%-detectable difference, the rise and the verdict
+    (``no verdict`` until every planned common seed has a record)."""
+    diff = paired_difference(vals[metric][arm], vals[metric][base])
+    rise = None
+    start_name = spec.metrics[metric].rise_from
+    if start_name:
+        rises = [vals[metric][a][s] - vals[start_name][a][s] for a in (arm, base) for s in vals[metric][a]
+                 if s in vals[start_name][a]]
+        rise = mean(rises) if rises else None
+    planned = sorted(set(spec.arms[arm].seeds) & set(spec.arms[base].seeds))
+    complete = diff["seeds"] == planned
+    return {**diff, "planned": planned, "rise": rise, "detectable": detectable_of(diff["per_seed"]),
+            "verdict": (verdict(diff, rise) if complete
+                        else f"no verdict ({len(diff['seeds'])} of {len(planned)} seeds)")}
+
+
+def _f(x: Optional[float], fmt: str = ".3f") -> str:
+    return "n/a" if x is None else format(x, fmt)
+
+
+def report(spec: Spec) -> str:
+    """The arm table (each metric's mean over seeds), each pair's verdict per metric, and the runs missing or
+    failed."""
+    kept = records(spec)
+    vals = values(spec, kept)
+    out = [f"# {spec.name}: {spec.description}", "", f"{spec.steps} steps; records in {spec.results}/", "",
+           "| arm | seeds | " + " | ".join(spec.metrics) + " |", "|---" * (len(spec.metrics) + 2) + "|"]
+    for arm in spec.arms:
+        seeds = sorted(set().union(*(vals[m][arm] for m in spec.metrics)))
+        if seeds:
+            out.append(f"| {arm} | {', '.join(map(str, seeds))} | " + " | ".join(
+                _f(mean(vals[m][arm].values()) if vals[m][arm] else None) for m in spec.metrics) + " |")
+    out += ["", "Per pair and metric: mean paired difference, paired SE, per-seed differences, the difference the rule "
+            "detects with 80% power at the observed paired SD (benchmarks/stats.py), the run's rise, the verdict.", "",
+            "| pair | metric | mean | paired SE | per seed | 80%-detectable | rise | verdict |", "|---" * 8 + "|"]
+    for arm, base in spec.pairs:
+        for metric in (name for name, m in spec.metrics.items() if m.compare):
+            c = compare_pair(spec, vals, arm, base, metric)
+            out.append(f"| {arm} - {base} | {metric} | {_f(c['mean'], '+.3f')} | {_f(c['se'])} | "
+                       + ", ".join(f"{d:+.3f}" for d in c["per_seed"]) + f" | {_f(c['detectable'])} | "
+                       f"{_f(c['rise'], '+.3f')} | {c['verdict']} |")
+    failed = [f"{a} seed {s} ({r.get('reason')})" for (a, s), r in kept.items() if r.get("status") == "failed"]
+    missing = [f"{a} seed {s}" for a, s in spec.runs() if (a, s) not in kept]
+    out += [""] + ([f"failed runs: {'; '.join(failed)}"] if failed else []) + (
+        [f"missing runs: {', '.join(missing)}"] if missing else []) + (
+        ["every planned run has its record"] if not failed and not missing else [])
+    return "\n".join(out)
+
+
+def worker_arg(text: str) -> tuple[int, int]:
+    """``"2/3"`` -> (2, 3); SystemExit unless 1 <= K <= N."""
+    try:
+        k, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise SystemExit(f"--worker: K/N, e.g. 2/2, got {text!r}") from None
+    if not 1 <= k <= n:
+        raise SystemExit(f"--worker: need 1 <= K <= N, got {text!r}")
+    return k, n
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--list", action="store_true", help="list the specs")
+    what.add_argument("--run", metavar="SPEC", help="run the missing runs of SPEC (a name or a .json path)")
+    what.add_argument("--report", metavar="SPEC", help="print SPEC's verdicts from its records")
+    parser.add_argument("--worker", type=worker_arg, default=(1, 1), metavar="K/N",
+                        help="take every N-th planned run from the K-th (a second worker: 2/2)")
+    parser.add_argument("--retry-failed", action="store_true", help="run the runs recorded as failed again")
+    args = parser.parse_args(argv)
+    if args.list:
+        for name, description in list_specs():
+            print(f"{name}: {description}")
+        return 0
+    spec = load_spec(spec_path(args.run or args.report))
+    if args.run:
+        run_spec(spec, args.worker, args.retry_failed)
+    print(report(spec))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

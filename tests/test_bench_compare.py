@@ -1,0 +1,185 @@
+"""The comparison engine (benchmarks/compare.py): specs, resumable runs, a stalled run killed and recorded as
+failed, and the report on the committed records. A fake launcher stands in for main_ppo."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import compare  # noqa: E402
+
+FAKE_LAUNCHER = textwrap.dedent('''
+    """A stand-in for main_ppo: logs verl-style step lines; STALL=1 logs one step, then waits forever."""
+    import os, sys, time
+    args = dict(a.split("=", 1) for a in sys.argv[1:] if "=" in a)
+    steps, seed, gain = int(args["trainer.total_training_steps"]), int(args["data.seed"]), float(args.get("+gain", 0))
+    for s in range(1, steps + 1):
+        print(f"step:{s} - critic/score/mean:{0.1 * s + gain + 0.001 * seed} - timing_s/step:1.0", flush=True)
+        if os.environ.get("STALL") == "1":
+            time.sleep(3600)
+''')
+
+
+def write_spec(tmp_path: Path, results: str, **extra) -> Path:
+    fake = tmp_path / "fake_launcher.py"
+    fake.write_text(FAKE_LAUNCHER)
+    spec = {"description": "a fake comparison", "results": results, "steps": 3, "seeds": [0, 1, 2],
+            "overrides": ["data.seed={seed}"],
+            "arms": {"better": {"launcher": f"{sys.executable} {fake}", "overrides": ["+gain=0.05"]},
+                     "base": {"launcher": f"{sys.executable} {fake}"}},
+            "pairs": [["better", "base"]],
+            "metrics": {"first": {"key": "critic/score/mean", "window": "first", "steps": 1, "compare": False},
+                        "last": {"key": "critic/score/mean", "window": "last", "steps": 1, "rise_from": "first"}},
+            **extra}
+    path = tmp_path / "fake.json"
+    path.write_text(json.dumps(spec))
+    return path
+
+
+@pytest.fixture
+def results(tmp_path, monkeypatch):
+    """Records under tmp_path: the engine's repository root points there."""
+    monkeypatch.setattr(compare, "REPO", tmp_path)
+    return "results/fake"
+
+
+def fake_record(spec, arm, seed, runs_dir, gain=0.0, status="ok"):
+    return {"spec": spec.name, "arm": arm, "seed": seed, "steps_planned": spec.steps, "status": status,
+            "reason": None if status == "ok" else "exit code 1", "command": "fake", "seconds": 0.0,
+            "steps": {str(s): {"critic/score/mean": 0.1 * s + gain + 0.001 * seed} for s in range(1, spec.steps + 1)}}
+
+
+def test_committed_specs_load_and_are_listed():
+    names = [name for name, _ in compare.list_specs()]
+    assert {"arith", "tiny_value_sources", "twoway"} <= set(names)
+    arith = compare.load_spec(compare.spec_path("arith"))
+    assert arith.runs()[0] == ("start", 0)  # the shared validation before training runs first
+    assert arith.runs()[1:5] == [("group_ppo", 0), ("gae", 0), ("grpo", 0), ("group_ppo_prefix_tree", 0)]
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"steps": -1}, "steps"),
+    ({"arms": {}}, "arms"),
+    ({"pairs": [["better", "nobody"]]}, "pairs"),
+    ({"metrics": {"m": {"key": "x", "window": "middle"}}}, "metrics.m.window"),
+    ({"metrics": {"m": {"key": "x", "window": "all", "rise_from": "nothing"}}}, "metrics.m.rise_from"),
+    ({"results": "/abs/path"}, "results"),
+])
+def test_a_bad_spec_names_its_field(tmp_path, change, field):
+    path = write_spec(tmp_path, "results/fake")
+    data = {**json.loads(path.read_text()), **change}
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=f"^{field}"):
+        compare.load_spec(path)
+
+
+def test_resume_skips_finished_runs_and_workers_split_the_plan(tmp_path, results):
+    spec = compare.load_spec(write_spec(tmp_path, results))
+    ran: list[tuple[str, int]] = []
+
+    def runner(spec, arm, seed, runs_dir):
+        ran.append((arm, seed))
+        return fake_record(spec, arm, seed, runs_dir)
+
+    first = compare.pending(spec, worker=(1, 2))
+    second = compare.pending(spec, worker=(2, 2))
+    assert sorted(first + second) == sorted(spec.runs()) and not set(first) & set(second)
+    assert compare.run_spec(spec, (1, 2), runner=runner, log=lambda m: None) == len(first)
+    assert compare.run_spec(spec, (1, 2), runner=runner, log=lambda m: None) == 0  # resumed: nothing left
+    assert compare.run_spec(spec, (1, 1), runner=runner, log=lambda m: None) == len(second)
+    assert sorted(ran) == sorted(spec.runs())
+    compare.write_json(spec.path("base", 2), fake_record(spec, "base", 2, None, status="failed"))
+    assert compare.pending(spec) == [] and compare.pending(spec, retry_failed=True) == [("base", 2)]
+
+
+def test_report_gives_verdicts_detectable_differences_rises_and_failed_runs(tmp_path, results):
+    spec = compare.load_spec(write_spec(tmp_path, results))
+    jitter = {0: 0.0, 1: 0.01, 2: -0.005}
+    for seed in (0, 1, 2):
+        compare.write_json(spec.path("better", seed), fake_record(spec, "better", seed, None, 0.05 + jitter[seed]))
+        compare.write_json(spec.path("base", seed), fake_record(spec, "base", seed, None))
+    vals = compare.values(spec, compare.records(spec))
+    pair = compare.compare_pair(spec, vals, "better", "base", "last")
+    assert pair["per_seed"] == pytest.approx([0.05, 0.06, 0.045])
+    assert pair["verdict"] == "win" and pair["rise"] == pytest.approx(0.2)
+    assert pair["detectable"] == pytest.approx(compare.detectable_of(pair["per_seed"]))
+    compare.write_json(spec.path("base", 2), fake_record(spec, "base", 2, None, status="failed"))
+    text = compare.report(spec)
+    assert "| better - base | last | +0.055 |" in text and "no verdict (2 of 3 seeds)" in text
+    assert "failed runs: base seed 2 (exit code 1)" in text
+    assert "| better - base | first |" not in text  # a start value stays out of the pairs
+
+
+def test_report_reproduces_the_committed_arithmetic_verdicts():
+    spec = compare.load_spec(compare.spec_path("arith"))
+    vals = compare.values(spec, compare.records(spec))
+    pair = compare.compare_pair(spec, vals, "group_ppo", "grpo", "val after")
+    assert pair["mean"] == pytest.approx(-0.022, abs=5e-4) and pair["verdict"] == "lose"
+    gae = compare.compare_pair(spec, vals, "group_ppo", "gae", "val after")
+    assert gae["mean"] == pytest.approx(0.018, abs=5e-4) and gae["verdict"] == "not measurable"
+    assert gae["detectable"] > gae["rise"] / 2
+
+
+def test_the_command_fills_the_placeholders_and_the_start_run_takes_only_its_own_overrides():
+    spec = compare.load_spec(compare.spec_path("arith"))
+    args, env = compare.command(spec, "group_ppo_prefix_tree", 2, "ckpt")
+    assert args[:4] == ["bash", "examples/cpu/common.sh", "group_ppo", "trainer.total_training_steps=16"]
+    assert "data.seed=2" in args and "trainer.test_freq=16" in args and args[-1] == "trainer.default_local_dir=ckpt"
+    assert env == {"TASK": "arith", "VALUE_SOURCE": "prefix_tree"}
+    args, env = compare.command(spec, "start", 0, "ckpt")
+    assert "trainer.val_only=True" in args and "trainer.test_freq=0" not in args
+    assert "trainer.total_training_steps=0" in args
+
+
+@pytest.mark.slow
+def test_a_fake_run_is_recorded_with_its_command_code_version_and_metrics(tmp_path, results):
+    spec = compare.load_spec(write_spec(tmp_path, results))
+    record = compare.run_one(spec, "better", 1, tmp_path / "runs")
+    assert record["status"] == "ok" and record["reason"] is None
+    assert record["steps"]["3"]["critic/score/mean"] == pytest.approx(0.351)
+    assert "+gain=0.05" in record["command"] and "data.seed=1" in record["command"]
+    assert not any(word.startswith("/") for word in record["command"].split())
+    assert len(record["code_version"]["commit"]) == 40 and isinstance(record["code_version"]["dirty"], bool)
+
+
+@pytest.mark.slow
+def test_a_stalled_run_is_killed_and_recorded_as_failed_and_the_sweep_goes_on(tmp_path, results):
+    spec = compare.load_spec(write_spec(tmp_path, results, stall_seconds=2,
+                                        env={"STALL": "1"}, seeds=[0]))
+    assert compare.run_spec(spec, runs_dir=tmp_path / "runs", log=lambda m: None) == 2  # both arms ran
+    for arm in ("better", "base"):
+        record = compare.read_json(spec.path(arm, 0))
+        assert record["status"] == "failed" and record["reason"].startswith("stalled: no new output for 2 s")
+        assert record["seconds"] < 30 and record["steps"]["1"]["critic/score/mean"] > 0
+
+
+def test_report_reproduces_the_committed_two_way_arm_table():
+    """docs/results.md's two-way arm table (val before, val after, reward windows, area) from the engine."""
+    spec = compare.load_spec(compare.spec_path("twoway"))
+    docs = (REPO / "docs" / "results.md").read_text()
+    rows = [line for line in compare.report(spec).splitlines() if line.startswith(("| group_ppo |", "| gae |"))]
+    assert len(rows) == 2
+    for row in rows:
+        arm, seeds, before, after, first, last, area = (c.strip() for c in row.strip("|").split("|"))
+        assert f"| {arm} | {seeds} | {before} | {after} |" in docs and f"| {first} | {last} | {area} |" in docs
+
+
+def test_report_reproduces_the_committed_multi_turn_tables():
+    """docs/results.md's multi-turn arm table and paired differences from the engine on the committed records."""
+    spec = compare.load_spec(compare.spec_path("multiturn"))
+    docs = (REPO / "docs" / "results.md").read_text()
+    vals = compare.values(spec, compare.records(spec))
+    for arm in spec.arms:
+        seeds = len(vals["final"][arm])
+        cells = [f"{sum(vals[m][arm].values()) / seeds:.3f}" for m in ("final", "area", "first 10 steps")]
+        turns = [f"{sum(vals[m][arm].values()) / seeds:.2f}" for m in ("turns, first 10", "turns, last 10")]
+        assert f"| {arm} | {seeds} | {' | '.join(cells)} | {turns[0]} -> {turns[1]} |" in docs
+    turn = compare.compare_pair(spec, vals, "group_ppo_turn", "group_ppo", "final")
+    assert turn["verdict"] == "win" and f"{turn['mean']:+.3f} +- {2 * turn['se']:.3f} (3), **win**" in docs
