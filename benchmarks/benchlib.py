@@ -1,5 +1,5 @@
-"""The plumbing the benchmark scripts share: the repository root, JSON records, a CPU launcher run, resumable
-sweeps, paired differences, timing and figures.
+"""The plumbing the benchmark scripts share: the repository root, JSON records, a CPU launcher run, paired
+differences, timing and figures.
 
 A benchmark is a script, run as ``python benchmarks/<name>.py`` from any folder: Python puts its folder first on
 ``sys.path``, so it imports this module by name and none loads another by path (tests put ``benchmarks/`` on
@@ -26,7 +26,6 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, NamedTuple, Optio
 
 REPO = Path(__file__).resolve().parents[1]
 LAUNCHER = REPO / "examples" / "cpu" / "common.sh"
-Accept = Optional[Callable[[dict], bool]]
 #: the paired metrics of a demo run's record (experiments/demo): final sampled accuracy and learning-curve area
 DEMO_METRICS = {"final": "final_eval_accuracy", "area": "curve_area"}
 
@@ -78,17 +77,6 @@ def int_list(text: str, name: str) -> list[int]:
     return values
 
 
-def float_list(text: str, name: str) -> list[float]:
-    """``"1e-5,5e-5"`` -> ``[1e-05, 5e-05]``; SystemExit naming the flag ``name`` unless all are positive numbers."""
-    try:
-        values = [float(v) for v in text.split(",") if v.strip()]
-    except ValueError as error:
-        raise SystemExit(f"{name}: a comma list of numbers, got {text!r}") from error
-    if not values or any(v <= 0 for v in values):
-        raise SystemExit(f"{name}: needs positive numbers, got {text!r}")
-    return values
-
-
 def random_prompts(count: int, low: int, high: int, min_len: int, max_len: int, seed: int = 0) -> list[list[int]]:
     """``count`` prompts of random token ids in ``[low, high)``, each of a random length in ``[min_len, max_len]``."""
     rng = random.Random(seed)
@@ -135,68 +123,6 @@ def run_launcher(estimator: str, steps: int, overrides: Sequence[str] = (), env:
                             f"{steps} steps logged (log: {log_path or 'below'}); the output ends:\n{output[-3000:]}")
     settings = [f"{key}={portable(value)}" for key, value in (env or {}).items()]
     return LauncherRun(" ".join([*settings, *(portable(a) for a in cmd)]), seconds, metrics)
-
-
-class Run(NamedTuple):
-    """One run of a sweep: arm, seed, and what else the sweep varies (e.g. a critic regime; "" for nothing)."""
-
-    arm: str
-    seed: int
-    condition: str = ""
-
-    def label(self) -> str:
-        return " ".join(filter(None, (self.condition, self.arm, f"seed {self.seed}")))
-
-
-def plan(runs: Iterable[Run], arm_order: Sequence[str], condition_order: Sequence[str] = ("",)) -> list[Run]:
-    """``runs`` seed by seed, then by condition and arm: an interrupted sweep holds whole seeds of every arm."""
-    return sorted(runs, key=lambda r: (r.seed, list(condition_order).index(r.condition), list(arm_order).index(r.arm)))
-
-
-class Sweep(NamedTuple):
-    """A resumable sweep: the planned ``runs``, each finished one kept as the JSON record
-    ``results_dir/[condition/]<arm>-seed<seed>.json``, written when it ends (an interrupted run has none).
-    ``accept(record)``, where given, tells a record of this sweep's setting from another (e.g. the step count)."""
-
-    results_dir: str
-    runs: tuple[Run, ...]
-
-    def path(self, run: Run) -> str:
-        return os.path.join(self.results_dir, run.condition, f"{run.arm}-seed{run.seed}.json")
-
-    def load(self, run: Run, accept: Accept = None) -> Optional[dict]:
-        """``run``'s record; None when it is missing, unreadable or not accepted."""
-        record = read_json(self.path(run))
-        return record if isinstance(record, dict) and (accept is None or accept(record)) else None
-
-    def pending(self, accept: Accept = None) -> list[Run]:
-        """The planned runs without an accepted record: those still to run, the report's missing runs."""
-        return [run for run in self.runs if self.load(run, accept) is None]
-
-    def records(self, accept: Accept = None) -> list[tuple[Run, dict]]:
-        """Every finished run with its accepted record, in plan order."""
-        return [(run, record) for run in self.runs if (record := self.load(run, accept)) is not None]
-
-    def save(self, run: Run, record: dict) -> None:
-        write_json(self.path(run), record)
-
-
-def run_pending(sweep: Sweep, run_one: Callable[[Run], dict], accept: Accept = None,
-                log: Callable[[str], Any] = print, tag: str = "bench") -> int:
-    """Every pending run of ``sweep`` in plan order, each ``run_one(run)``'s record saved as it finishes (progress
-    to ``log``, tagged ``[tag]``); returns how many ran."""
-    todo = sweep.pending(accept)
-    log(f"[{tag}] {len(sweep.runs) - len(todo)} of {len(sweep.runs)} runs finished; {len(todo)} to run")
-    ran = 0
-    for i, run in enumerate(todo, 1):
-        if sweep.load(run, accept) is not None:  # another worker on the same sweep finished it meanwhile
-            continue
-        start = time.perf_counter()
-        log(f"[{tag}] run {i}/{len(todo)}: {run.label()}")
-        sweep.save(run, run_one(run))
-        ran += 1
-        log(f"[{tag}] finished {run.label()} in {time.perf_counter() - start:.0f} s")
-    return ran
 
 
 def differences(records: Iterable[dict], pairs: Iterable[tuple[str, str]], metrics: Mapping[str, str],

@@ -64,24 +64,6 @@ def test_portable_makes_paths_relative_to_the_repository():
     assert not os.path.isabs(lib.portable("/elsewhere/x")) and lib.portable("data.seed=3") == "data.seed=3"
 
 
-def test_sweep_plans_seed_by_seed_and_resumes_from_its_records(tmp_path):
-    lib = _load("benchlib")
-    runs = [lib.Run(arm, seed, cond) for cond in ("b", "a") for arm in ("x", "y") for seed in (1, 0)]
-    sweep = lib.Sweep(str(tmp_path), tuple(lib.plan(runs, ("y", "x"), ("a", "b"))))
-    assert sweep.runs[:3] == (lib.Run("y", 0, "a"), lib.Run("x", 0, "a"), lib.Run("y", 0, "b"))
-    assert [r.seed for r in sweep.runs] == [0] * 4 + [1] * 4
-    sweep.save(sweep.runs[0], {"steps": 10})
-    sweep.save(sweep.runs[1], {"steps": 20})
-    assert sweep.path(sweep.runs[1]) == str(tmp_path / "a" / "x-seed0.json")
-    ten = lambda record: record["steps"] == 10  # noqa: E731
-    assert len(sweep.pending()) == 6 and len(sweep.pending(ten)) == 7
-    assert [run for run, _ in sweep.records(ten)] == [sweep.runs[0]]
-    logs: list[str] = []
-    ran = lib.run_pending(sweep, lambda run: {"steps": 10, "arm": run.arm}, ten, logs.append, "t")
-    assert ran == 7 and not sweep.pending(ten) and sweep.load(sweep.runs[1])["arm"] == "x"  # the 20-step one again
-    assert logs[0] == "[t] 1 of 8 runs finished; 7 to run" and "[t] run 7/7: b x seed 1" in logs
-
-
 def test_differences_pair_by_seed_and_apply_the_rule():
     lib = _load("benchlib")
     records = [{"estimator": "a", "seed": s, "v": 0.5 + 0.1 + 0.01 * s} for s in (0, 1, 2, 3)]
@@ -182,88 +164,6 @@ def test_step_scaling_needs_two_steps_before_running_anything(tmp_path):
     with pytest.raises(SystemExit, match="--steps: need at least 2"):
         bench.main(["--steps", "1", "--log-dir", str(tmp_path / "logs")])
     assert not (tmp_path / "logs").exists()
-
-
-# ------------------------------------------------------------------------------------------ bench_mathtask_critic
-
-
-def test_the_critic_report_averages_seeds_and_flags_held_out_replies_that_all_scored_alike():
-    def record(seed, held_reward, ev):
-        return {"seed": seed, "device": "cuda", "warmups": [0, 5], "held_replies": 512, "held_reward": held_reward,
-                "lrs": {"5e-05": {"explained_variance": {"0": {"all": -1.0, "first": -0.5},
-                                                         "5": {"all": ev, "first": ev / 2}}}}}
-
-    bench = _load("bench_mathtask_critic")
-    table = bench.report([record(0, 0.1, 0.2), record(1, 0.1, 0.4)])
-    assert "| 5e-05 | -1.000 / -0.50 | +0.300 / +0.15 |" in table and "mean nothing" not in table
-    flagged = bench.report([record(0, 0.1, 0.2), record(1, 0.0, 0.4)])
-    assert "seeds [1]: every held-out reply scored the same" in flagged
-
-
-@pytest.mark.parametrize("argv, flag", [(["--lrs", "0"], "--lrs"), (["--warmups", "-1"], "--warmups"),
-                                        (["--samples", "3"], "--samples"), (["--seeds", "a"], "--seeds"),
-                                        (["--value-clip", "0"], "--value-clip")])
-def test_bad_critic_benchmark_arguments_name_the_flag(argv, flag):
-    with pytest.raises(SystemExit, match=flag):
-        _load("bench_mathtask_critic").main([*argv, "--report"])
-
-
-def test_critic_records_with_the_value_clip_are_kept_and_reported_apart():
-    bench = _load("bench_mathtask_critic")
-    assert bench.record_name("cuda", 2, None) == "cuda-seed2.json"  # the recorded figures' name: no clip
-    assert bench.record_name("cuda", 2, 0.5) == "cuda-clip0.5-seed2.json"
-
-    def record(clip, ev):
-        return {"seed": 0, "device": "cuda", "warmups": [5], "held_replies": 8, "held_reward": 0.5,
-                **({} if clip is None else {"value_clip": clip}),
-                "lrs": {"5e-05": {"explained_variance": {"5": {"all": ev, "first": 0.0}}}}}
-
-    table = bench.report([record(0.5, 0.1), record(None, 0.3)])
-    plain, clipped = table.index("cuda, seeds 0;"), table.index("cuda, value clip 0.5, seeds 0;")
-    assert plain < clipped and "| 5e-05 | +0.300 / +0.00 |" in table[plain:clipped]
-    assert "| 5e-05 | +0.100 / +0.00 |" in table[clipped:]
-
-
-def test_the_critic_benchmark_runs_on_a_tiny_model(tmp_path, monkeypatch):
-    """One seed, one warm-up step, on a tiny converted model and two questions: a record of the expected shape."""
-    import pandas as pd
-    from verl_group_ppo_testutils_maths import write_tiny_gguf
-
-    from verl_group_ppo.tasks.maths import checkpoint
-
-    checkpoint.convert(str(tmp_path / "task" / "model"), gguf_path=write_tiny_gguf(str(tmp_path / "tiny.gguf")),
-                       log=lambda m: None, expected=False)
-    from verl_group_ppo.tasks.maths.task import DATA_SOURCE
-
-    rows = [{"prompt": [{"role": "user", "content": q}], "data_source": DATA_SOURCE,
-             "reward_model": {"ground_truth": a}} for q, a in (("12", "3"), ("7", "5"))]
-    (tmp_path / "task" / "data").mkdir()
-    for split in ("train", "test"):
-        pd.DataFrame(rows).to_parquet(tmp_path / "task" / "data" / f"{split}.parquet")
-    bench = _load("bench_mathtask_critic")
-    monkeypatch.setattr(bench, "RESULTS", str(tmp_path / "records"))
-    bench.main(["--work-dir", str(tmp_path / "task"), "--warmups", "0,1", "--lrs", "1e-3", "--seeds", "0",
-                "--held-samples", "2", "--response-length", "3", "--device", "cpu", "--value-clip", "0.5"])
-    record = json.loads((tmp_path / "records" / "cpu-clip0.5-seed0.json").read_text())
-    assert record["value_clip"] == 0.5 and record["held_replies"] == 4 and record["train_replies"] == 64
-    curve = record["lrs"]["0.001"]["explained_variance"]
-    assert set(curve) == {"0", "1"} and all(set(point) == {"all", "first"} for point in curve.values())
-    assert len(record["lrs"]["0.001"]["loss_first"]) == 1 and math.isfinite(record["lrs"]["0.001"]["loss_last"][0])
-
-
-def test_run_pending_skips_a_run_another_worker_finished_meanwhile(tmp_path):
-    lib = _load("benchlib")
-    sweep = lib.Sweep(str(tmp_path), (lib.Run("x", 0), lib.Run("x", 1), lib.Run("x", 2)))
-    ran = []
-
-    def run_one(run):
-        ran.append(run.seed)
-        if run.seed == 0:  # the other worker (taking the plan from its end) finishes seed 2 meanwhile
-            sweep.save(lib.Run("x", 2), {"by": "other"})
-        return {"by": "this"}
-
-    assert lib.run_pending(sweep, run_one, log=lambda m: None) == 2  # three were pending when it started
-    assert ran == [0, 1] and sweep.load(lib.Run("x", 2)) == {"by": "other"}
 
 
 # ----------------------------------------------------------------------------------------------------------------------

@@ -9,36 +9,6 @@ from pathlib import Path
 import pytest
 from test_benchmarks import _load, _numbers, _table
 
-# ------------------------------------------------------------------------------- tiny_learning, value_pretraining
-
-
-@pytest.mark.parametrize("argv, message", [
-    (["--steps", "19"], "--steps: need at least 20"),
-    (["--prompts", "0"], "--prompts: must be >= 1"),
-    (["--seeds", "0,x"], "--seeds: expected a comma list of integers"),
-    (["--seeds", ","], "--seeds: expected at least one value"),
-])
-def test_tiny_learning_rejects_bad_arguments_before_loading_anything(argv, message, tmp_path):
-    bench = _load("experiments.tiny_learning")
-    with pytest.raises(SystemExit, match=message):
-        bench.main(["--work-dir", str(tmp_path), *argv])
-
-
-def test_tiny_learning_needs_a_prepared_work_dir(tmp_path):
-    bench = _load("experiments.tiny_learning")
-    with pytest.raises(SystemExit, match="prepare.json is missing; run python -m verl_group_ppo.tasks.tiny.prepare"):
-        bench.main(["--work-dir", str(tmp_path)])
-
-
-def test_value_pretraining_rejects_unknown_settings_before_loading_anything(tmp_path):
-    bench = _load("experiments.value_pretraining")
-    assert bench.parse_combination("lr 3e-3+4 epochs") == {"critic_pretrain_lr": 3e-3, "critic_pretrain_epochs": 4}
-    for argv in (["--settings", "recipe,bogus"], ["--combine", "lr 3e-3+bogus"]):
-        with pytest.raises(SystemExit, match="unknown setting 'bogus'"):
-            bench.main(["--setup-dir", str(tmp_path / "setup"), *argv])
-    assert not (tmp_path / "setup").exists()
-
-
 # ------------------------------------------------------------------------------------------------ edge_vs_length
 
 
