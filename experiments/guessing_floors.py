@@ -12,7 +12,8 @@ it (:func:`verl_group_ppo.tasks.tiny.problems.split_problems` with the pipeline'
   test split and its training pool (the comparisons read the training reward), graded with ``check_work``;
 * the tool task (``prepare --tools``: the multi-turn comparison): the same problems graded on the final answer alone.
 
-The maths task's floors are :mod:`bench_arith_task_choice`'s and the two-way task's are in docs/results.md.
+Then the arithmetic maths task's modules (:mod:`verl_group_ppo.tasks.maths.arith`): the best constant answer's share of
+:data:`MATHS_QUESTIONS` questions drawn at seed 0 (:func:`verl_group_ppo.tasks.maths.numeric.guessing_floor`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,10 @@ from experiments.demo.cli import DemoOptions
 from verl_group_ppo.tasks.tiny.prepare import PrepareSettings, settings_from_flags, task_and_split
 from verl_group_ppo.tasks.tiny.variants import TOOLS
 from verl_group_ppo.tasks.tiny.problems import Problem, Task, guessing_floor, make_task, parse_terms, split_problems
+
+
+#: questions drawn per arithmetic module for its floor
+MATHS_QUESTIONS = 2000
 
 
 class Setup(NamedTuple):
@@ -70,6 +75,18 @@ def table(rows: list[tuple[Setup, dict[str, tuple[str, float, int]]]]) -> str:
     return "\n".join(out)
 
 
+def maths_table(count: int = MATHS_QUESTIONS) -> str:
+    """The arithmetic modules' floors: per module the best constant answer and its share of ``count`` questions."""
+    from verl_group_ppo.tasks.maths import arith
+    from verl_group_ppo.tasks.maths.numeric import guessing_floor as numeric_floor
+
+    out = [f"| arithmetic module | floor ({count} questions) | its best constant answer |", "|---|---|---|"]
+    for module in arith.MODULES:
+        answer, share = numeric_floor([q.answer for q in arith.draw([module], count, 0)])
+        out.append(f"| `{module}` | {share:.4f} | `{answer}` |")
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args(argv)
     rows = []
@@ -77,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[guessing floors] {setup.label} ...", flush=True)
         rows.append((setup, floors(setup)))
     print(table(rows))
+    print()
+    print(maths_table())
     return 0
 
 

@@ -58,3 +58,11 @@ def test_the_benchmark_measures_each_comparisons_own_problem_sets():
     f = G.floors(small)
     assert f == {"held-out": ("#4", 0.75, 4), "training": ("#4", 1.0, 2)}
     assert G.table([(small, f)]).splitlines()[-1] == "| mod chains | final answer | 0.7500 (4) | `#4` | 1.0000 (2) |"
+
+
+def test_the_maths_table_gives_each_arithmetic_module_its_most_frequent_answer():
+    table = G.maths_table(count=40)
+    rows = [line for line in table.splitlines() if line.startswith("| `arith.")]
+    assert len(rows) == 4
+    share = float(rows[0].split("|")[2])
+    assert 1 / 40 <= share <= 1
