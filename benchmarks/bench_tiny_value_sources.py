@@ -26,7 +26,8 @@ import os
 from statistics import mean, median
 
 import compare
-from benchlib import cell, differences
+from benchlib import plus_minus
+from stats import detectable_of, paired_difference, verdict
 from verl_group_ppo.tasks.tiny.spec import TINY
 
 SPEC = "tiny_value_sources"
@@ -89,6 +90,20 @@ def summaries(records: list[dict]) -> list[dict]:
     return out
 
 
+def budget_cell(rows: list[dict], arm: str, base: str, key: str, planned: int) -> str:
+    """One pair's cell at one budget (``key`` of :func:`summaries`' rows): ``"+0.006 +- 0.016 (6 seeds; detectable
+    0.030, rise +0.040: not measurable)"``; no verdict before the ``planned`` seeds are in."""
+    by_seed = {name: {r["seed"]: r for r in rows if r["arm"] == name} for name in (arm, base)}
+    diff = paired_difference(*({s: r[key] for s, r in by_seed[name].items()} for name in (arm, base)))
+    if diff["mean"] is None:
+        return "n/a"
+    rise = mean(r[key] - r["first"] for name in (arm, base) for s, r in by_seed[name].items() if s in diff["seeds"])
+    detectable = detectable_of(diff["per_seed"])
+    said = verdict(diff, rise) if len(diff["seeds"]) == planned else f"no verdict before {planned}"
+    return (f"{plus_minus(diff)} ({len(diff['seeds'])} seeds; detectable "
+            f"{'n/a' if detectable is None else format(detectable, '.3f')}, rise {rise:+.3f}: {said})")
+
+
 def report_budgets(spec: compare.Spec, records: list[dict]) -> str:
     """Each arm's reward at the token and the seconds budget, and the pairs' verdicts at each budget."""
     if not records:
@@ -106,13 +121,12 @@ def report_budgets(spec: compare.Spec, records: list[dict]) -> str:
         avg = {k: mean(r[k] for r in mine) for k in ("final", "at_tokens", "at_seconds", "tokens", "seconds", "ev")}
         out.append(f"| {arm} | {len(mine)} | {avg['final']:.3f} | {avg['at_tokens']:.3f} | {avg['at_seconds']:.3f} | "
                    f"{avg['tokens'] / spec.steps:.0f} | {avg['seconds'] / spec.steps:.2f} | {avg['ev']:+.2f} |")
-    values = [{"estimator": r["arm"], **r} for r in rows]
-    diffs = differences(values, spec.pairs, {"per token": "at_tokens", "per second": "at_seconds"})
-    out += ["", "| pair | at the token budget | at the seconds budget |", "|---|---|---|"]
-    for (arm, base), metric in zip(spec.pairs, diffs.values()):
+    out += ["", "Per pair and budget: mean paired difference +- 2 paired SE, the 80%-detectable difference at the observed "
+            "paired SD, the pair's mean rise (reward at the budget minus the first 5 steps' reward) and the verdict "
+            "(benchmarks/stats.py).", "", "| pair | at the token budget | at the seconds budget |", "|---|---|---|"]
+    for arm, base in spec.pairs:
         planned = len(set(spec.arms[arm].seeds) & set(spec.arms[base].seeds))
-        cells = [cell(d) if len(d["seeds"]) == planned else cell({**d, "verdict": f"no verdict before {planned}"})
-                 for d in metric.values()]
+        cells = [budget_cell(rows, arm, base, key, planned) for key in ("at_tokens", "at_seconds")]
         out.append(f"| {arm}-{base} | " + " | ".join(cells) + " |")
     return "\n".join(out)
 

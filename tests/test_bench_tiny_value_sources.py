@@ -63,6 +63,14 @@ def test_budget_verdicts_only_with_every_planned_seed():
     assert row.count("win") == 2  # both budgets: +0.2 on every seed
 
 
+def test_a_level_budget_verdict_reads_not_measurable_when_the_detectable_difference_exceeds_half_the_rise():
+    # flat runs (no rise) whose per-seed differences change sign: level by the rule, nothing to measure against
+    records = [record(arm, seed, (lambda s, a=arm, k=seed: 0.4 + (0.02 if (a == "mc") == (k % 2 == 0) else 0.0)))
+               for arm in ("mc", "group_ppo") for seed in SEEDS]
+    row = B.report_budgets(SPEC, records).split("| mc-group_ppo |")[1].splitlines()[0]
+    assert row.count("not measurable") == 2 and "rise +0.000" in row and "detectable 0.0" in row
+
+
 def test_the_speed_sweep_is_the_specs_speed_arms_at_seed_0_twice_each_in_alternation():
     speed = B.speed_spec(SPEC)
     assert speed.runs() == [(arm, r) for r in (0, 1) for arm in B.SPEED_ARMS]
