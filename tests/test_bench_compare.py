@@ -164,11 +164,14 @@ def test_report_reproduces_the_committed_two_way_arm_table():
     """docs/results.md's two-way arm table (val before, val after, reward windows, area) from the engine."""
     spec = compare.load_spec(compare.spec_path("twoway"))
     docs = (REPO / "docs" / "results.md").read_text()
-    rows = [line for line in compare.report(spec).splitlines() if line.startswith(("| group_ppo |", "| gae |"))]
+    lines = compare.report(spec).splitlines()
+    header = [c.strip() for c in next(line for line in lines if line.startswith("| arm |")).strip("|").split("|")]
+    rows = [line for line in lines if line.startswith(("| group_ppo |", "| gae |"))]
     assert len(rows) == 2
     for row in rows:
-        arm, seeds, before, after, first, last, area = (c.strip() for c in row.strip("|").split("|"))
-        assert f"| {arm} | {seeds} | {before} | {after} |" in docs and f"| {first} | {last} | {area} |" in docs
+        cell = dict(zip(header, (c.strip() for c in row.strip("|").split("|"))))
+        assert f"| {cell['arm']} | {cell['seeds']} | {cell['val before']} | {cell['val after']} |" in docs
+        assert f"| {cell['reward, first 5']} | {cell['reward, last 5']} | {cell['area']} |" in docs
 
 
 def test_report_reproduces_the_committed_multi_turn_tables():
