@@ -11,7 +11,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 from verl.trainer.ppo.core_algos import compute_gae_advantage_return, compute_grpo_outcome_advantage
-from verl_group_ppo_testutils_reference import reference_group_ppo, segment_gae_batch
 
 from verl_group_ppo.config import V1_GROUP_PARAMS, GroupParams, read_algorithm_settings
 from verl_group_ppo.core_algos import (
@@ -25,6 +24,7 @@ from verl_group_ppo.core_algos import (
     segment_gae,
     update_threshold,
 )
+from verl_group_ppo.estimator.reference import reference_group_ppo, segment_gae_batch
 
 F64 = torch.float64
 
@@ -394,13 +394,14 @@ def test_inputs_are_not_mutated_and_no_graph_is_built():
 def test_the_pass_leaves_its_time_major_copies_of_the_inputs_as_they_were(group):
     """The validated inputs (``_Batch``) are plain copies: the pass reads them and writes its results elsewhere,
     whether the critic's and the policy's recursions are one (the first case) or two."""
-    import verl_group_ppo.core_algos as core
+    from verl_group_ppo.core_algos import _policy_lambda
+    from verl_group_ppo.estimator.fast import prepare, run_steps
 
     rewards, mask, values, olp, index = make_batch(43, 5, 21, "holes", junk=True)
     settings = algo_settings(0.97, 0.9, adv_norm="prompt", **group)
-    batch = core._prepare(rewards, mask, values, index, olp, settings.group)
+    batch = prepare(rewards, mask, values, index, olp, settings.group)
     before = [x.clone() for x in (batch.rewards_tm, batch.values_tm, batch.valid_tm, batch.invalid_tm)]
-    steps = core._run_steps(batch, settings, 1.0)
+    steps = run_steps(batch, settings, 1.0, _policy_lambda(batch, settings))
     after = (batch.rewards_tm, batch.values_tm, batch.valid_tm, batch.invalid_tm)
     assert all(torch.equal(a.nan_to_num(7.0, 7.0, 7.0), b.nan_to_num(7.0, 7.0, 7.0)) for a, b in zip(before, after))
     assert torch.equal(before[0].t().nan_to_num(7.0, 7.0, 7.0), rewards.nan_to_num(7.0, 7.0, 7.0))
@@ -412,7 +413,7 @@ def test_the_pass_leaves_its_time_major_copies_of_the_inputs_as_they_were(group)
 @pytest.mark.parametrize("rule", ["variance", "fixed", "low_prob", "turn"])
 def test_torch_loop_backend_equals_numpy_backend(monkeypatch, rule):
     """The per-step loops run on numpy views on CPU and with torch ops elsewhere (CUDA): same results."""
-    import verl_group_ppo.core_algos as core
+    import verl_group_ppo.estimator.fast as core
 
     rewards, mask, values, olp, index = make_batch(47, 9, 33, "holes", junk=True, empty_rows=True)
     cfg = algo_settings(0.97, 0.9, group_max_size=5, boundary_rule=rule, adv_norm="prompt")

@@ -12,9 +12,9 @@ import torch
 from omegaconf import OmegaConf
 from test_core_algos import algo_settings, assert_close, config, make_batch
 from verl.trainer.ppo.core_algos import compute_gae_advantage_return, get_policy_loss_fn
-from verl_group_ppo_testutils_reference import reference_group_ppo
 
 from verl_group_ppo.core_algos import compute_group_advantage, compute_group_ppo_outputs, length_adaptive_lambda
+from verl_group_ppo.estimator.reference import reference_group_ppo
 
 RULES = ("variance", "fixed", "low_prob")
 
