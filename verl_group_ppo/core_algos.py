@@ -25,9 +25,9 @@ import torch
 
 from verl_group_ppo.config import (AlgorithmSettings, GroupParams, check_threshold, check_unit_interval,
                                    read_algorithm_settings)
-from verl_group_ppo.estimator.checks import IndexLike, check_float, check_mask, describe, prompt_ids, time_major
+from verl_group_ppo.estimator.checks import IndexLike, check_float, check_mask, describe, prompt_ids
 from verl_group_ppo.estimator.fast import (Batch, group_ends, group_starts, ids_from_starts, prepare, run_steps,
-                                           segment_gae_, td_residuals, to_batch_major, turn_ends)
+                                           segment_scan, td_residuals, turn_ends)
 from verl_group_ppo.metrics import group_metrics, probability_metrics
 
 __all__ = [
@@ -150,13 +150,13 @@ def compute_group_ppo_outputs(
     steps = run_steps(batch, settings, tau, lam, _given_ends(endpoints, batch))  # steps 1-7: advantages, returns
     groups, n_valid = steps.groups, batch.n_valid
     group_ids = groups.ids  # step 3's ids (made once the pass's time-major buffers are freed: peak memory)
-    critic_mask = create_critic_endpoint_mask(batch.valid_bt, group_ids).to(steps.advantages.dtype)  # step 5
+    critic_mask = create_critic_endpoint_mask(batch.valid, group_ids).to(steps.advantages.dtype)  # step 5
     n_groups = len(groups.sizes)
     ev = _explained_variance_at(steps.returns, values, groups.slots, settings.group.group_epsilon)  # step 6's tau
-    metrics = group_metrics(settings, batch.valid_bt, n_valid, steps.advantages, groups.sizes, tau, ev)
-    metrics["group/policy_lam"] = _mean_lambda(lam, batch.valid_bt)
+    metrics = group_metrics(settings, batch.valid, n_valid, steps.advantages, groups.sizes, tau, ev)
+    metrics["group/policy_lam"] = _mean_lambda(lam, batch.valid)
     if old_log_probs is not None and settings.group.boundary_rule == "low_prob":
-        metrics.update(probability_metrics(old_log_probs, batch.valid_bt, groups.endpoint_mask, groups.first))
+        metrics.update(probability_metrics(old_log_probs, batch.valid, groups.endpoint_mask, groups.first))
     return GroupPPOOutputs(
         advantages=steps.advantages,
         returns=steps.returns,
@@ -211,8 +211,8 @@ def find_group_endpoints(
             raise ValueError("values is required by boundary_rule='variance'")
         values = torch.zeros_like(token_level_rewards)
     batch = prepare(token_level_rewards, response_mask, values, None, old_log_probs, params)
-    ends = group_ends(td_residuals(batch.values_tm, batch, gamma), batch, params, threshold)
-    return to_batch_major(ends & batch.valid_tm)
+    ends = group_ends(td_residuals(batch.values, batch, gamma), batch, params, threshold)
+    return ends & batch.valid
 
 
 def endpoints_to_group_ids(endpoints: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
@@ -238,7 +238,7 @@ def group_start_mask(endpoints: torch.Tensor, response_mask: torch.Tensor) -> to
     endpoints = endpoints.bool()
     if bool((endpoints & ~valid).any()):
         raise ValueError("endpoints must be False at masked positions of response_mask")
-    return group_starts((endpoints | ~valid).t(), valid.t()).t()  # a masked position ends a group too
+    return group_starts(endpoints | ~valid, valid)  # a masked position ends a group too
 
 
 @torch.no_grad()
@@ -274,10 +274,9 @@ def segment_gae(deltas: torch.Tensor, ends: torch.Tensor, response_mask: torch.T
         lam = lam.to(device=deltas.device, dtype=dtype)
     else:
         lam = check_unit_interval(lam, "lam")
-    invalid_tm = ~valid.t().contiguous()
-    x = time_major(deltas, dtype).masked_fill_(invalid_tm, 0.0)
-    segment_gae_(x, ends.t().bool().contiguous(), invalid_tm, gamma, lam)
-    return to_batch_major(x.masked_fill_(invalid_tm, 0.0))
+    invalid = ~valid
+    x = segment_scan(deltas.to(dtype).masked_fill(invalid, 0.0), ends.bool(), invalid, gamma, lam)
+    return x.masked_fill_(invalid, 0.0)
 
 
 def create_critic_endpoint_mask(response_mask: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
@@ -302,7 +301,7 @@ def create_critic_endpoint_mask(response_mask: torch.Tensor, group_ids: torch.Te
                          f"got {tuple(group_ids.shape)}")
     changes = torch.ones_like(valid)  # the group changes after position t: the ends group_starts reads
     torch.ne(group_ids[:, 1:], group_ids[:, :-1], out=changes[:, :-1])
-    first = group_starts(changes.t(), valid.t()).t()
+    first = group_starts(changes, valid)
     dtype = response_mask.dtype if response_mask.is_floating_point() else torch.float32
     return first.to(dtype)
 
@@ -430,19 +429,19 @@ def _resolve_threshold(threshold: Optional[float], params: GroupParams) -> float
 
 
 def _given_ends(endpoints: Optional[torch.Tensor], batch: Batch) -> Optional[torch.Tensor]:
-    """Step 2's groups handed in as ``endpoints`` (B, T) bool, checked, as the pass's time-major ends: (T, B) bool,
+    """Step 2's groups handed in as ``endpoints`` (B, T) bool, checked, as the pass's ends: (B, T) bool,
     True at every endpoint, at every valid token before a masked one or at the end (a hole always ends a group),
     and at every masked position. None when ``endpoints`` is None."""
     if endpoints is None:
         return None
-    shape = tuple(batch.valid_bt.shape)
+    shape = tuple(batch.valid.shape)
     if not isinstance(endpoints, torch.Tensor) or tuple(endpoints.shape) != shape:
         raise ValueError(f"endpoints must be a (B, T) tensor of the shape of response_mask {shape}, "
                          f"got {describe(endpoints)}")
-    ends = check_mask(endpoints, "endpoints").to(batch.valid_bt.device)
-    if bool((ends & ~batch.valid_bt).any()):
+    ends = check_mask(endpoints, "endpoints").to(batch.valid.device)
+    if bool((ends & ~batch.valid).any()):
         raise ValueError("endpoints must be False at masked positions of response_mask")
-    return torch.logical_or(turn_ends(batch.invalid_tm), ends.t())
+    return torch.logical_or(turn_ends(batch.invalid), ends)
 
 
 def _policy_lambda(batch: Batch, settings: AlgorithmSettings) -> Union[float, torch.Tensor]:
@@ -451,7 +450,7 @@ def _policy_lambda(batch: Batch, settings: AlgorithmSettings) -> Union[float, to
     alpha = settings.group.length_adaptive_alpha
     if alpha is None:
         return float(settings.policy_lam)
-    return length_adaptive_lambda(batch.valid_bt, alpha).to(batch.values_tm.dtype)
+    return length_adaptive_lambda(batch.valid, alpha).to(batch.values.dtype)
 
 
 def _mean_lambda(lam: Union[float, torch.Tensor], valid_bt: torch.Tensor) -> float:

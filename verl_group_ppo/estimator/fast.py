@@ -1,7 +1,22 @@
-"""The fast pass: steps 1-7 of docs/algorithm.md vectorised over the batch, in time-major (T, B) buffers.
+"""The fast pass: steps 1-7 of docs/algorithm.md vectorised over batch *and* time, with no Python loop over time.
 
-:func:`run_steps` runs the steps in their order; :mod:`verl_group_ppo.core_algos` validates the inputs (:func:`prepare`)
-and reads the critic's outputs off the groups. Conventions as in :mod:`verl_group_ppo.core_algos`.
+:func:`run_steps` runs the steps in their order on (B, T) tensors; :mod:`verl_group_ppo.core_algos` validates the
+inputs (:func:`prepare`) and reads the critic's outputs off the groups. The three places where the algorithm is
+sequential in time are computed with whole-tensor operations:
+
+- the next valid value of step 1 and the broadcast of step 4: index arithmetic (a reversed running minimum of
+  positions, running counts of group starts) and gathers;
+- step 2's budget scan (a running sum that resets when it reaches a limit): for every position, where a group
+  starting there ends (the first forced end ahead, the token cap, and a binary search over prefix sums for the
+  budget: at most ``log2(group_max_size) + 1`` gathers); then the chain of group starts reached from each row's
+  first position, by pointer doubling (``log2`` of the number of groups per row, in rounds);
+- step 4's backward recursion ``X_i = delta_i + f_i X_{i+1}``: an associative scan over (factor, residual) pairs,
+  Hillis-Steele doubling inside chunks of :data:`CHUNK` positions and the same scan over the chunks for the
+  carry. Products of factors in [0, 1] only shrink and nothing is divided, so it is stable at any length; at
+  ``gamma = lam = 1`` it is a reversed cumulative sum.
+
+Conventions as in :mod:`verl_group_ppo.core_algos`. Computation is in float64 when an input is float64, else in
+float32; step 2's prefix sums are float64 in both.
 """
 
 from __future__ import annotations
@@ -15,24 +30,23 @@ import numpy as np
 import torch
 
 from verl_group_ppo.config import AlgorithmSettings, GroupParams
-from verl_group_ppo.estimator.checks import (check_finite_at_valid, check_float, check_mask, prompt_ids, time_major,
-                                             to_batch_major)
+from verl_group_ppo.estimator.checks import check_finite_at_valid, check_float, check_mask, prompt_ids
 from verl_group_ppo.metrics import sum_of_squares
+
+CHUNK = 32
+"""Positions per chunk of step 4's scan (a power of two)."""
+
 
 @dataclass
 class Batch:
-    """Validated inputs in time-major (T, B) layout and the compute dtype.
+    """Validated inputs, (B, T), in the compute dtype. ``rewards`` and ``values`` are the caller's tensors when they
+    already have that dtype: the pass never writes them, and never reads their masked positions into a result."""
 
-    ``rewards_tm`` and ``values_tm`` are plain copies: their masked positions still hold whatever the
-    caller had there (possibly NaN) and are never read into a result.
-    """
-
-    valid_bt: torch.Tensor  # (B, T) bool
-    valid_tm: torch.Tensor  # (T, B) bool
-    invalid_tm: torch.Tensor  # (T, B) bool, ~valid_tm
-    rewards_tm: torch.Tensor  # (T, B)
-    values_tm: torch.Tensor  # (T, B)
-    old_log_probs_tm: Optional[torch.Tensor]  # (T, B), low_prob rule only
+    valid: torch.Tensor  # (B, T) bool
+    invalid: torch.Tensor  # (B, T) bool, ~valid
+    rewards: torch.Tensor  # (B, T)
+    values: torch.Tensor  # (B, T)
+    old_log_probs: Optional[torch.Tensor]  # (B, T), 0 at masked positions; low_prob rule only
     index: Optional[np.ndarray]  # (B,) prompt ids as 0..P-1
     n_valid: int
 
@@ -44,30 +58,23 @@ class Groups:
     weights and the metrics. A group's first valid token (its critic slot) is :attr:`first`, from
     :func:`group_starts`; everything below is made from the ends when first read, and kept."""
 
-    ends_tm: torch.Tensor  # (T, B) bool: each group's last valid token, and every masked position
-    valid_tm: torch.Tensor  # (T, B) bool
-    valid_bt: torch.Tensor  # (B, T) bool
+    ends: torch.Tensor  # (B, T) bool: each group's last valid token, and every masked position
+    valid: torch.Tensor  # (B, T) bool
 
     @cached_property
     def first(self) -> torch.Tensor:
-        """(B, T) bool: each group's first valid token, its critic slot (step 5). Computed over time, written
-        in batch-major memory, so that :attr:`starts_tm` is the same memory and nothing is stored twice."""
-        return group_starts(self.ends_tm, self.valid_bt.t()).t()
-
-    @property
-    def starts_tm(self) -> torch.Tensor:
-        """(T, B) bool: :attr:`first` seen time-major (a transposed view, not contiguous)."""
-        return self.first.t()
+        """(B, T) bool: each group's first valid token, its critic slot (step 5)."""
+        return group_starts(self.ends, self.valid)
 
     @cached_property
     def endpoint_mask(self) -> torch.Tensor:
         """(B, T) bool: each group's last valid token (step 2's endpoints)."""
-        return to_batch_major(self.ends_tm & self.valid_tm)
+        return self.ends & self.valid
 
     @cached_property
     def ids(self) -> torch.Tensor:
         """(B, T) long: the 1-based group ids of step 3, 0 at masked positions."""
-        return ids_from_starts(self.first, self.valid_bt)
+        return ids_from_starts(self.first, self.valid)
 
     @cached_property
     def slots(self) -> torch.Tensor:
@@ -83,9 +90,9 @@ class Groups:
 class _PolicyX(NamedTuple):
     """Step 4's X for the advantages, and what steps 6 and 7 need to finish it."""
 
-    x: torch.Tensor  # (T, B): X, in the buffer steps 6 and 7 finish in place
-    stats_at_tm: torch.Tensor  # (T, B) bool: where step 6's per-prompt statistics read X (one place per group)
-    endpoints_tm: Optional[torch.Tensor]  # (T, B) bool: the positions step 7's endpoint loss keeps; None: all
+    x: torch.Tensor  # (B, T): X, in the buffer steps 6 and 7 finish in place
+    stats_at: torch.Tensor  # (B, T) bool: where step 6's per-prompt statistics read X (one place per group)
+    endpoints: Optional[torch.Tensor]  # (B, T) bool: the positions step 7's endpoint loss keeps; None: all
 
 
 class Steps(NamedTuple):
@@ -97,7 +104,7 @@ class Steps(NamedTuple):
 
 
 def run_steps(batch: Batch, settings: AlgorithmSettings, tau: float, lam: Union[float, torch.Tensor],
-              endpoints_tm: Optional[torch.Tensor] = None) -> Steps:
+              ends: Optional[torch.Tensor] = None) -> Steps:
     """Steps 1-7 of docs/algorithm.md on one batch, in their order, as far as the advantages and the returns
     need them. Step 5's critic slots are the groups' first tokens (:attr:`Groups.first`); the critic's other
     outputs (group ids, critic mask, explained variance, loss weights) are read off the groups afterwards.
@@ -106,50 +113,46 @@ def run_steps(batch: Batch, settings: AlgorithmSettings, tau: float, lam: Union[
         batch: the validated inputs (:func:`prepare`); the values enter here, as an argument of steps 1 and 4.
         settings: the pass's settings; ``tau`` its variance threshold.
         lam: the advantages' lambda, a float or (B,) per-response lambdas in the compute dtype.
-        endpoints_tm: (T, B) bool, step 2's groups decided elsewhere (True at every group's last token and at
-            every masked position); None runs step 2 here.
+        ends: (B, T) bool, step 2's groups decided elsewhere (True at every group's last token and at every
+            masked position); None runs step 2 here.
     """
-    values = batch.values_tm  # V (T, B): the critic's values, the one source of values (steps 1 and 4)
-    delta = td_residuals(values, batch, settings.gamma)  # step 1, a fresh buffer
-    if endpoints_tm is None:
-        endpoints_tm = group_ends(delta, batch, settings.group, tau)  # step 2
-    groups = Groups(endpoints_tm, batch.valid_tm, batch.valid_bt)  # step 3
-    returns, policy = segment_gae_step(delta, values, groups, batch, settings, lam)  # step 4, in delta's buffer
-    _normalize_advantages_(policy.x, batch, settings, policy.stats_at_tm)  # step 6
-    if policy.endpoints_tm is not None:  # step 7, the actor's side: the endpoint loss
-        _keep_endpoints_(policy.x, policy.endpoints_tm, batch)
-    return Steps(groups, to_batch_major(policy.x), returns)
+    values = batch.values  # V (B, T): the critic's values, the one source of values (steps 1 and 4)
+    delta = td_residuals(values, batch, settings.gamma)  # step 1
+    if ends is None:
+        ends = group_ends(delta, batch, settings.group, tau)  # step 2
+    groups = Groups(ends, batch.valid)  # step 3
+    returns, policy = segment_gae_step(delta, values, groups, batch, settings, lam)  # step 4
+    _normalize_advantages_(policy.x, batch, settings, policy.stats_at)  # step 6
+    if policy.endpoints is not None:  # step 7, the actor's side: the endpoint loss
+        _keep_endpoints_(policy.x, policy.endpoints, batch)
+    return Steps(groups, policy.x, returns)
 
 
 def prepare(rewards, response_mask, values, index, old_log_probs, params: GroupParams) -> Batch:
-    """Validate the inputs' types and shapes and copy them into time-major buffers."""
+    """Validate the inputs' types and shapes and bring them to the compute dtype."""
     if values is None:
         raise ValueError("values is required by group_ppo: the critic's values (B, T) for every response token")
-    valid = check_mask(response_mask, "response_mask")
+    valid = check_mask(response_mask, "response_mask").contiguous()
     shape = tuple(valid.shape)
     check_float(rewards, "token_level_rewards", shape, response_mask.device)
     check_float(values, "values", shape, response_mask.device)
     if old_log_probs is not None:
         check_float(old_log_probs, "old_log_probs", shape, response_mask.device)
     dtype = torch.float64 if torch.float64 in (rewards.dtype, values.dtype) else torch.float32
-    valid_tm = valid.t().contiguous()
-    old_tm = None
+    invalid = ~valid
+    old = None
     if params.boundary_rule == "low_prob":
         if old_log_probs is None:
             raise ValueError("old_log_probs is required by boundary_rule='low_prob'")
-        old_tm = time_major(old_log_probs, dtype).masked_fill_(~valid_tm, 0.0)
-        check_finite_at_valid(old_tm, "old_log_probs")
+        old = old_log_probs.to(dtype).masked_fill(invalid, 0.0)
+        check_finite_at_valid(old, "old_log_probs")
     ids = None
     if index is not None:
         ids = prompt_ids(index, shape[0])
     elif params.adv_norm == "prompt":
         raise ValueError("index (the prompt uid of each response) is required by adv_norm='prompt'")
-    return Batch(valid, valid_tm, ~valid_tm, time_major(rewards, dtype), time_major(values, dtype), old_tm, ids,
-                  int(torch.count_nonzero(valid_tm)))
-
-
-
-
+    return Batch(valid, invalid, rewards.to(dtype).contiguous(), values.to(dtype).contiguous(), old, ids,
+                 int(torch.count_nonzero(valid)))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -157,32 +160,51 @@ def prepare(rewards, response_mask, values, index, old_log_probs, params: GroupP
 
 
 def td_residuals(values: torch.Tensor, batch: Batch, gamma: float) -> torch.Tensor:
-    """TD residuals (step 1) of the rewards and ``values`` (T, B): (T, B), a new buffer, 0 at masked positions.
+    """TD residuals (step 1) of the rewards and ``values`` (B, T): (B, T), a new tensor, 0 at masked positions.
 
     ``delta_i = r[p_i] + gamma * V[p_{i+1}] - V[p_i]`` over valid positions p_i, V after the last valid
-    position = 0. ``V[p_{i+1}]``, the value at the next valid position (across holes too), comes from a
-    backward pass that carries the latest valid value. Raises ValueError naming the input when a reward
-    or value at a valid position is not finite.
+    position = 0 (:func:`next_valid_values`). Raises ValueError naming the input when a reward or value at a
+    valid position is not finite.
     """
-    valid = batch.valid_tm
-    delta = torch.empty_like(values)
-    delta[-1:].zero_()
-    xp, (d_, v_, ok_) = _array_backend(delta, values, valid)
-    for t in range(values.shape[0] - 2, -1, -1):  # d[t] = V[t+1] if t+1 is valid else d[t+1]
-        _select(xp, ok_[t + 1], v_[t + 1], d_[t + 1], out=d_[t])
+    delta = next_valid_values(values, batch.valid)
     if gamma != 1.0:
         delta.mul_(gamma)
     # (r + gamma * V_next) - V, in the order of verl's GAE and the reference; junk at masked positions -> 0.
-    delta.add_(batch.rewards_tm).sub_(values).masked_fill_(batch.invalid_tm, 0.0)
+    delta.add_(batch.rewards).sub_(values).masked_fill_(batch.invalid, 0.0)
     if not math.isfinite(sum_of_squares(delta)):
-        check_finite_at_valid(batch.rewards_tm.masked_fill(batch.invalid_tm, 0.0), "token_level_rewards")
-        check_finite_at_valid(values.masked_fill(batch.invalid_tm, 0.0), "values")
+        check_finite_at_valid(batch.rewards.masked_fill(batch.invalid, 0.0), "token_level_rewards")
+        check_finite_at_valid(values.masked_fill(batch.invalid, 0.0), "values")
     return delta
 
 
-def group_ends(delta_tm: torch.Tensor, batch: Batch, params: GroupParams, tau: float) -> torch.Tensor:
-    """Group ends in time-major layout: bool (T, B), True at every endpoint (step 2) *and* at every
-    masked position (so a group starts right after any True).
+def next_valid_values(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """(B, T), a new tensor: at each position, ``values`` at the next valid position after it in its row (across
+    holes), 0 where none follows. Without holes (each row's valid positions one run) it is the next position's."""
+    B, T = valid.shape
+    out = torch.zeros_like(values)
+    if T < 2:
+        return out
+    out[:, :-1] = values[:, 1:].masked_fill(~valid[:, 1:], 0.0)
+    if not _has_holes(valid):
+        return out
+    positions = torch.arange(T, device=valid.device).expand(B, T)
+    ahead = torch.where(valid, positions, T).flip(1).cummin(1).values.flip(1)  # first valid position >= t
+    nxt = torch.cat([ahead[:, 1:], torch.full((B, 1), T, device=valid.device)], 1)  # first valid position > t
+    padded = torch.cat([values.masked_fill(~valid, 0.0), torch.zeros((B, 1), dtype=values.dtype,
+                                                                       device=values.device)], 1)
+    return torch.gather(padded, 1, nxt)
+
+
+def _has_holes(valid: torch.Tensor) -> bool:
+    """Whether some row's valid positions are more than one run (a masked position between two valid ones)."""
+    run_starts = valid.clone()
+    run_starts[:, 1:] &= ~valid[:, :-1]
+    return int(torch.count_nonzero(run_starts)) > int(torch.count_nonzero(valid.any(dim=1)))
+
+
+def group_ends(delta: torch.Tensor, batch: Batch, params: GroupParams, tau: float) -> torch.Tensor:
+    """Group ends (B, T) bool: True at every endpoint (step 2) *and* at every masked position (so a group starts
+    right after any True).
 
     ``turn`` ends groups only where every rule does (:func:`turn_ends`). The other rules add a cap of
     ``group_max_size`` tokens and their own cuts. The variance budget ``sum z_i >= tau`` with
@@ -191,69 +213,97 @@ def group_ends(delta_tm: torch.Tensor, batch: Batch, params: GroupParams, tau: f
     """
     rule = params.boundary_rule
     if rule == "turn":
-        return turn_ends(batch.invalid_tm)  # no cut of its own, no cap: one group per turn
-    valid = batch.valid_tm
-    T, B = valid.shape
+        return turn_ends(batch.invalid)  # no cut of its own, no cap: one group per turn
+    valid = batch.valid
+    T = valid.shape[1]
     cap = min(params.group_max_size, max(T, 1))
     if cap == 1 or (rule == "variance" and tau == 0.0) or batch.n_valid == 0:
         return torch.ones_like(valid)  # every valid token is its own group
-    # Increments of the scan's two budgets, [delta^2; token count]. A masked position, or one that must
-    # end a group (the next position is masked, or starts a low_prob group), counts `cap` tokens.
-    inc = torch.empty((T, 2, B), dtype=delta_tm.dtype, device=delta_tm.device)
-    if rule == "variance":
-        torch.mul(delta_tm, delta_tm, out=inc[:, 0])
-        sigma2 = sum_of_squares(delta_tm) / batch.n_valid
-        limit = tau * (sigma2 + params.group_epsilon)
-    else:  # fixed and low_prob: only the token budget and the forced ends below cut
-        inc[:, 0].zero_()
-        limit = math.inf
-    forced = turn_ends(batch.invalid_tm)
+    forced = turn_ends(batch.invalid)  # a masked position, or one that must end a group
     if rule == "low_prob":
-        low = batch.old_log_probs_tm.exp() < params.low_prob_threshold
-        forced[:-1] |= low[1:] & valid[1:]
-    torch.where(forced, _scalar(cap, inc), _scalar(1.0, inc), out=inc[:, 1])
-    limits = torch.tensor([[limit], [float(cap)]], dtype=inc.dtype, device=inc.device)
-    return _scan_budget(inc, limits)
+        low = batch.old_log_probs.exp() < params.low_prob_threshold
+        forced[:, :-1] |= low[:, 1:] & valid[:, 1:]
+    budget = None
+    if rule == "variance":
+        sigma2 = sum_of_squares(delta) / batch.n_valid
+        limit = float(torch.tensor(tau * (sigma2 + params.group_epsilon), dtype=delta.dtype))  # the compute dtype's
+        budget = (delta * delta, limit)
+    return _chain_ends(_group_end_from(forced, cap, budget))
 
 
-def turn_ends(invalid_tm: torch.Tensor) -> torch.Tensor:
-    """(T, B) bool: every masked position, and every valid position that is the last of its turn (the
+def turn_ends(invalid: torch.Tensor) -> torch.Tensor:
+    """(B, T) bool: every masked position, and every valid position that is the last of its turn (the
     next position is masked or does not exist). The ends every rule has; a new tensor."""
-    ends = torch.empty_like(invalid_tm)
-    torch.logical_or(invalid_tm[:-1], invalid_tm[1:], out=ends[:-1])
-    ends[-1:] = True
+    ends = torch.empty_like(invalid)
+    torch.logical_or(invalid[:, :-1], invalid[:, 1:], out=ends[:, :-1])
+    ends[:, -1:] = True
     return ends
 
 
-def _scan_budget(inc: torch.Tensor, limits: torch.Tensor) -> torch.Tensor:
-    """The sequential budget scan: (T, 2, B) increments, (2, 1) limits -> (T, B) bool ends.
+def _group_end_from(forced: torch.Tensor, cap: int, budget: Optional[tuple[torch.Tensor, float]]) -> torch.Tensor:
+    """Step 2's scan from every position at once: (B, T) long, at each position s the flat (B*T) index of the last
+    position of a group that starts at s: the first of (the first ``forced`` (B, T) position at or after s, s +
+    ``cap`` - 1, and with ``budget = (increments (B, T), limit)`` the first t with ``sum(increments[s..t]) >= limit``).
 
-    Two running sums per response start at 0; at step t both add ``inc[t]``; if either reaches its limit
-    the step is an end and both reset to 0. Each step is five whole-batch operations.
+    Every row's last position is forced, so no group crosses into the next row. The budget's sums are differences
+    of float64 prefix sums, found by a binary search over the window of ``cap`` positions.
     """
-    T, _, B = inc.shape
-    ends = torch.empty((T, B), dtype=torch.bool, device=inc.device)
-    state = torch.zeros((2, B), dtype=inc.dtype, device=inc.device)
-    hit = torch.empty((2, B), dtype=torch.bool, device=inc.device)
-    keep = torch.empty((B,), dtype=torch.bool, device=inc.device)
-    xp, (inc_, limits_, ends_, state_, hit_, keep_) = _array_backend(inc, limits, ends, state, hit, keep)
-    for t in range(T):
-        xp.add(state_, inc_[t], out=state_)
-        xp.greater_equal(state_, limits_, out=hit_)
-        xp.logical_or(hit_[0], hit_[1], out=ends_[t])
-        xp.logical_not(ends_[t], out=keep_)
-        xp.multiply(state_, keep_, out=state_)
+    B, T = forced.shape
+    flat = forced.reshape(-1)
+    forced_at = torch.nonzero(flat).squeeze(1)  # the forced positions in flat order
+    before = torch.cumsum(flat, 0) - flat.long()  # forced positions before each position
+    end = _take(forced_at, before)  # the first forced position at or after each position
+    position = torch.arange(B * T, device=forced.device)
+    torch.minimum(end, position + (cap - 1), out=end)
+    if budget is None:
+        return end.view(B, T)
+    increments, limit = budget
+    prefix = torch.zeros(B * T + 1, dtype=torch.float64, device=forced.device)
+    torch.cumsum(increments.reshape(-1), 0, dtype=torch.float64, out=prefix[1:])
+    target = prefix[:-1] + limit  # a group from s has reached its budget at t when prefix[t + 1] >= target[s]
+    below = position - 1  # the last t known to be below the budget (s - 1: none yet)
+    step = 1 << (cap.bit_length() - 1)
+    while step:  # log2(cap) + 1 rounds, whatever T is
+        candidate = below + step
+        inside = candidate <= end
+        inside &= _take(prefix, torch.minimum(candidate, end) + 1) < target
+        below = torch.where(inside, candidate, below)
+        step >>= 1
+    return torch.minimum(below + 1, end, out=end).view(B, T)
+
+
+def _chain_ends(end: torch.Tensor) -> torch.Tensor:
+    """The ends of the groups actually cut: (B, T) bool, from the group end ``end`` (B, T) (flat indices) of a group
+    starting at each position. Each row's chain of starts begins at its first position; the next start is one past
+    the end. The chain is followed by pointer doubling: ``jump`` holds the start ``2**k`` groups ahead, and round k
+    adds the next ``2**k`` starts of every row at once, until every row's chain has reached its row's end."""
+    B, T = end.shape
+    n = B * T
+    following = end.reshape(-1) + 1
+    following[(following % T) == 0] = n  # past a row's last position: the sentinel n, which maps to itself
+    jump = torch.cat([following, torch.tensor([n], device=end.device)])  # (n + 1,): the start one group ahead
+    starts = torch.arange(0, n, T, device=end.device).unsqueeze(1)  # (B, 1): each row's chain so far
+    while True:
+        starts = torch.cat([starts, _take(jump, starts)], 1)
+        if bool((starts[:, -1] == n).all()):
+            break
+        jump = _take(jump, jump)  # twice as many groups ahead
+    is_start = torch.zeros(n + 1, dtype=torch.bool, device=end.device)
+    is_start[starts.reshape(-1)] = True
+    ends = torch.empty((B, T), dtype=torch.bool, device=end.device)
+    ends[:, :-1] = is_start[:n].view(B, T)[:, 1:]
+    ends[:, -1] = True
     return ends
 
 
-def group_starts(ends_tm: torch.Tensor, valid_tm: torch.Tensor) -> torch.Tensor:
-    """Each group's first valid token: the one definition of it in this module (the pass, the group ids and the
-    critic mask all come from here). (T, B) bool, True at a valid position that is the first of its response
-    or follows a True of ``ends_tm`` (T, B) bool, which must be True at each group's last token and at every
-    masked position. The result has ``valid_tm``'s memory layout (time-major, or a transposed (B, T) tensor)."""
-    starts = torch.empty_like(valid_tm)
-    starts[:1] = valid_tm[:1]
-    torch.logical_and(valid_tm[1:], ends_tm[:-1], out=starts[1:])
+def group_starts(ends: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Each group's first valid token: the one definition of it in the package (the pass, the group ids and the
+    critic mask all come from here). (B, T) bool, True at a valid position that is the first of its response
+    or follows a True of ``ends`` (B, T) bool, which must be True at each group's last token and at every
+    masked position."""
+    starts = torch.empty_like(valid)
+    starts[:, :1] = valid[:, :1]
+    torch.logical_and(valid[:, 1:], ends[:, :-1], out=starts[:, 1:])
     return starts
 
 
@@ -268,161 +318,142 @@ def ids_from_starts(starts: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
 
 
 def segment_gae_step(delta: torch.Tensor, values: torch.Tensor, groups: Groups, batch: Batch,
-                      settings: AlgorithmSettings, lam: Union[float, torch.Tensor]) -> tuple[torch.Tensor, _PolicyX]:
-    """Step 4 from the TD residuals ``delta`` (T, B), which it consumes, and ``values`` (T, B): the critic's
-    returns (B, T) (:func:`_segment_gaes` with the groups' cuts and ``critic_lam``) and the advantages' X,
-    made as the policy side asks. The one place ``policy_loss_on`` and ``within_group`` are read:
+                     settings: AlgorithmSettings, lam: Union[float, torch.Tensor]) -> tuple[torch.Tensor, _PolicyX]:
+    """Step 4 from the TD residuals ``delta`` (B, T) and ``values`` (B, T): the critic's returns (B, T) (segment GAE
+    with the groups' cuts and ``critic_lam``) and the advantages' X, made as the policy side asks. The one place
+    ``policy_loss_on`` and ``within_group`` are read:
 
     - ``policy_loss_on: endpoints``: token-level GAE with ``lam`` (every token cut), which step 6 normalises
       over every valid token and step 7 keeps at the group endpoints only;
     - ``within_group: per_token``: the groups' segment GAE with ``lam``, each token keeping its own X;
     - else (``broadcast``): the groups' segment GAE with ``lam``, X at each group's first token written to
-      every token of the group (:func:`_broadcast_from_starts_`).
+      every token of the group (:func:`_broadcast_from_starts`).
     """
-    params, ends, gamma = settings.group, groups.ends_tm, settings.gamma
-    endpoint_loss = params.policy_loss_on == "endpoints"
-    cuts = torch.ones_like(ends) if endpoint_loss else ends  # token-level GAE for the endpoint loss
-    returns, x = _segment_gaes(delta, values, batch, gamma, (ends, settings.critic_lam), (cuts, lam))
-    if endpoint_loss:
-        return returns, _PolicyX(x, batch.valid_tm, ends & batch.valid_tm)
-    elif params.within_group == "per_token":
-        return returns, _PolicyX(x, groups.starts_tm, None)
-    else:
-        _broadcast_from_starts_(x, groups.starts_tm)
-        return returns, _PolicyX(x, groups.starts_tm, None)
+    params, ends, gamma, invalid = settings.group, groups.ends, settings.gamma, batch.invalid
+    critic_x = segment_scan(delta, ends, invalid, gamma, settings.critic_lam)
+    returns = torch.add(critic_x, values).masked_fill_(invalid, 0.0)
+    if params.policy_loss_on == "endpoints":  # token-level GAE
+        x = segment_scan(delta, torch.ones_like(ends), invalid, gamma, lam)
+        return returns, _PolicyX(x, batch.valid, groups.endpoint_mask)
+    same = isinstance(lam, float) and lam == settings.critic_lam
+    x = critic_x if same else segment_scan(delta, ends, invalid, gamma, lam)
+    if params.within_group == "per_token":
+        return returns, _PolicyX(x, groups.first, None)
+    return returns, _PolicyX(_broadcast_from_starts(x, groups), groups.first, None)
 
 
-_Recursion = tuple[torch.Tensor, Union[float, torch.Tensor]]  # (cuts (T, B) bool, lambda: float or (B,))
+def segment_scan(delta: torch.Tensor, ends: torch.Tensor, invalid: torch.Tensor, gamma: float,
+                 lam: Union[float, torch.Tensor]) -> torch.Tensor:
+    """Segment GAE's X (B, T), a new tensor, from the TD residuals ``delta`` (B, T), 0 at masked positions.
 
-
-def _segment_gaes(delta: torch.Tensor, values: torch.Tensor, batch: Batch, gamma: float, critic: _Recursion,
-                  policy: _Recursion) -> tuple[torch.Tensor, torch.Tensor]:
-    """Step 4 for the critic and for the policy, from the TD residuals ``delta`` (T, B), which it consumes.
-
-    Returns ``(returns, x)``: the critic's segment lambda-returns ``X + V`` (B, T) with ``values`` (T, B), a
-    new tensor, 0 at masked positions; and the policy's X (T, B) in ``delta``'s buffer, for the caller to
-    finish in place. Each of ``critic`` and ``policy`` is (cuts, lambda) of :func:`segment_gae_`. The one
-    place a buffer serves twice: when the two recursions are the same (equal cuts, one scalar lambda) it runs
-    once and the returns are read from it before it is handed on; otherwise the critic's recursion runs in a
-    copy of ``delta``.
+    ``X_i = delta_i + gamma * (lam if i is an end else 1) * X_{i+1}`` backward over valid positions, X after the
+    last = 0; masked positions pass X through (their residual is 0, their factor 1). ``ends`` (B, T) bool marks
+    the ends; ``lam`` is a float or a (B,) tensor of per-response lambdas in ``delta``'s dtype.
     """
-    (ends, critic_lam), (cuts, policy_lam) = critic, policy
-    if isinstance(policy_lam, float) and policy_lam == critic_lam and torch.equal(cuts, ends):
-        segment_gae_(delta, ends, batch.invalid_tm, gamma, critic_lam)
-        return _returns(delta, values, batch), delta
-    x_critic = delta.clone()
-    segment_gae_(x_critic, ends, batch.invalid_tm, gamma, critic_lam)
-    segment_gae_(delta, cuts, batch.invalid_tm, gamma, policy_lam)
-    return _returns(x_critic, values, batch), delta
+    if isinstance(lam, float) and gamma == 1.0 and lam == 1.0:  # every factor 1: a reversed cumulative sum
+        return delta.flip(1).cumsum(1).flip(1)
+    lam_ = lam.unsqueeze(1) if isinstance(lam, torch.Tensor) else lam
+    factor = torch.where(ends, gamma * lam_, torch.full((), gamma, dtype=delta.dtype, device=delta.device))
+    return _affine_scan(factor.masked_fill_(invalid, 1.0), delta)
 
 
-def segment_gae_(x: torch.Tensor, ends_tm: torch.Tensor, invalid_tm: torch.Tensor, gamma: float,
-                  lam: Union[float, torch.Tensor]) -> None:
-    """The segment-GAE loop of :func:`segment_gae`, in place: TD residuals ``x`` (T, B), 0 at masked positions,
-    become ``X``.
+def _affine_scan(factor: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``X_i = x_i + factor_i * X_{i+1}`` along the last dimension, ``X`` past the end = 0: (R, T) -> (R, T), new.
 
-    ``X_i = delta_i + gamma * (lam if i is an endpoint else 1) * X_{i+1}`` backward over valid positions,
-    X after the last = 0; masked positions pass X through unchanged (their delta is 0, factor 1). ``ends_tm``
-    (T, B) bool marks the ends; ``lam`` is a float or a (B,) tensor of per-response lambdas in ``x``'s dtype.
+    The maps ``X -> x_i + factor_i X`` compose associatively; Hillis-Steele doubling composes them inside chunks
+    of :data:`CHUNK` positions (``log2(CHUNK)`` rounds), the same scan over the chunks' compositions gives the X
+    each chunk continues into, and one multiply-add hands it on.
     """
-    T, B = x.shape
-    lam_ = lam if isinstance(lam, torch.Tensor) else _scalar(float(lam), x)
-    factor = torch.where(ends_tm, gamma * lam_, _scalar(gamma, x)).masked_fill_(invalid_tm, 1.0)
-    tmp = torch.empty((B,), dtype=x.dtype, device=x.device)
-    xp, (x_, f_, tmp_) = _array_backend(x, factor, tmp)
-    for t in range(T - 2, -1, -1):
-        xp.multiply(f_[t], x_[t + 1], out=tmp_)
-        xp.add(x_[t], tmp_, out=x_[t])
+    R, T = x.shape
+    if T <= 1 or R == 0:
+        return x.clone()
+    n_chunks = -(-T // CHUNK)
+    pad = n_chunks * CHUNK - T
+    a = factor.new_ones((R, n_chunks, CHUNK))
+    a.view(R, -1)[:, :T] = factor
+    b = x.new_zeros((R, n_chunks, CHUNK))
+    b.view(R, -1)[:, :T] = x
+    step = 1
+    while step < CHUNK:
+        through = a[..., :-step] * b[..., step:]  # both from the previous round
+        a[..., :-step] *= a[..., step:].clone()
+        b[..., :-step] += through
+        step *= 2
+    if n_chunks > 1:  # X at each chunk's start, then the X each chunk continues into
+        heads = _affine_scan(a[..., 0].contiguous(), b[..., 0].contiguous())
+        carry = torch.zeros((R, n_chunks, 1), dtype=x.dtype, device=x.device)
+        carry[:, :-1, 0] = heads[:, 1:]
+        b.addcmul_(a, carry)
+    return b.view(R, n_chunks * CHUNK)[:, :T].contiguous()
 
 
-def _returns(x_tm: torch.Tensor, values: torch.Tensor, batch: Batch) -> torch.Tensor:
-    """``X + V`` from the critic's X and ``values`` (T, B): (B, T), a new tensor, 0 at masked positions."""
-    return to_batch_major(torch.add(x_tm, values).masked_fill_(batch.invalid_tm, 0.0))
-
-
-def _broadcast_from_starts_(x: torch.Tensor, starts_tm: torch.Tensor) -> None:
-    """In place on ``x`` (T, B), forward in time: every non-start position takes the value of the position
-    before it, so each group carries the value at its first token (A_k = X at s_k). ``starts_tm`` (T, B) bool
-    may be a transposed view; the loop reads a contiguous time-major copy of its negation."""
-    not_start = torch.logical_not(starts_tm, out=torch.empty_like(x, dtype=torch.bool))
-    xp, (x_, not_start_) = _array_backend(x, not_start)
-    for t in range(1, x.shape[0]):
-        _select(xp, not_start_[t], x_[t - 1], x_[t], out=x_[t])
+def _broadcast_from_starts(x: torch.Tensor, groups: Groups) -> torch.Tensor:
+    """(B, T), a new tensor: every position carries X of ``x`` (B, T) at the first token of its group (A_k = X at
+    s_k), found by the running count of group starts; masked positions carry their previous group's."""
+    group = torch.cumsum(groups.first.view(-1), 0).sub_(1).clamp_(min=0)  # the flat order's group of each position
+    heads = x.reshape(-1)[groups.slots]
+    if heads.numel() == 0:
+        return torch.zeros_like(x)
+    return heads[group].view_as(x)
 
 
 # --------------------------------------------------------------------------------------------------
-# steps 6 and 7: normalisation, the endpoint loss, the critic-loss weights
+# steps 6 and 7: normalisation, the endpoint loss
 
 
 def _normalize_advantages_(x: torch.Tensor, batch: Batch, settings: AlgorithmSettings,
-                           stats_at_tm: torch.Tensor) -> None:
-    """Step 6, in place on the advantages ``x`` (T, B): 0 at masked positions, then per ``adv_norm``.
+                           stats_at: torch.Tensor) -> None:
+    """Step 6, in place on the advantages ``x`` (B, T): 0 at masked positions, then per ``adv_norm``.
 
     ``batch``: verl's ``masked_whiten`` over valid tokens (mean = sum / (n + 1e-8), Bessel-corrected
     variance, ``(x - mean) * rsqrt(var + 1e-8)``), skipped with fewer than 2 valid tokens.
-    ``prompt``: per prompt id, mean and Bessel std over the advantages at ``stats_at_tm`` (T, B) bool (one
+    ``prompt``: per prompt id, mean and Bessel std over the advantages at ``stats_at`` (B, T) bool (one
     position per group: each group once; a prompt with one group gets mean 0, std 1);
     ``(A - mean) / (std + eps)``, or ``A - mean`` without std scaling.
     """
-    invalid_tm, mode = batch.invalid_tm, settings.group.adv_norm
-    x.masked_fill_(invalid_tm, 0.0)
+    invalid, mode = batch.invalid, settings.group.adv_norm
+    x.masked_fill_(invalid, 0.0)
     if mode == "batch" and batch.n_valid >= 2:
         n = batch.n_valid
         mean = x.sum() / (n + 1e-8)
-        x.sub_(mean).masked_fill_(invalid_tm, 0.0)
+        x.sub_(mean).masked_fill_(invalid, 0.0)
         var = sum_of_squares(x) / (n + 1e-8) * (n / (n - 1))
-        x.mul_(1.0 / math.sqrt(var + 1e-8)).masked_fill_(invalid_tm, 0.0)
+        x.mul_(1.0 / math.sqrt(var + 1e-8)).masked_fill_(invalid, 0.0)
     elif mode == "prompt":
-        _normalize_by_prompt_(x, batch, stats_at_tm, settings.norm_adv_by_std_in_grpo, settings.group.group_epsilon)
+        _normalize_by_prompt_(x, batch, stats_at, settings.norm_adv_by_std_in_grpo, settings.group.group_epsilon)
 
 
-def _normalize_by_prompt_(x: torch.Tensor, batch: Batch, stats_at_tm: torch.Tensor, norm_by_std: bool,
+def _normalize_by_prompt_(x: torch.Tensor, batch: Batch, stats_at: torch.Tensor, norm_by_std: bool,
                           eps: float) -> None:
-    """``adv_norm: prompt`` in place on ``x`` (T, B), 0 at masked positions (see :func:`_normalize_advantages_`).
-    The statistics sum the advantages in time-major order (by time, then response)."""
-    flat = torch.nonzero(stats_at_tm.reshape(-1)).squeeze(1)  # time-major order
+    """``adv_norm: prompt`` in place on ``x`` (B, T), 0 at masked positions (see :func:`_normalize_advantages_`)."""
+    flat = torch.nonzero(stats_at.reshape(-1)).squeeze(1)
     group_adv, index = x.view(-1)[flat], batch.index
     row_pid = torch.as_tensor(index, device=x.device)
-    pid = row_pid[flat % x.shape[1]]
+    pid = row_pid[flat // x.shape[1]]
     n_prompts = int(index.max()) + 1 if len(index) else 0
     count = torch.bincount(pid, minlength=n_prompts).to(x.dtype)
     total = torch.zeros(n_prompts, dtype=x.dtype, device=x.device).index_add_(0, pid, group_adv)
     mean = torch.where(count > 1, total / count.clamp(min=1), 0.0)
     sq = torch.zeros_like(mean).index_add_(0, pid, (group_adv - mean[pid]) ** 2)
     std = torch.where(count > 1, (sq / (count - 1).clamp(min=1)).sqrt(), 1.0)
-    x.sub_(mean[row_pid])
+    x.sub_(mean[row_pid].unsqueeze(1))
     if norm_by_std:
-        x.div_(std[row_pid] + eps)
-    x.masked_fill_(batch.invalid_tm, 0.0)
+        x.div_(std[row_pid].unsqueeze(1) + eps)
+    x.masked_fill_(batch.invalid, 0.0)
 
 
-def _keep_endpoints_(x: torch.Tensor, endpoints_tm: torch.Tensor, batch: Batch) -> None:
+def _keep_endpoints_(x: torch.Tensor, endpoints: torch.Tensor, batch: Batch) -> None:
     """Step 7's endpoint loss (``policy_loss_on: endpoints``), in place on the normalised advantages ``x``
-    (T, B): 0 off ``endpoints_tm`` (T, B) bool, ``N_valid / N_endpoints`` times itself on them (both counted
+    (B, T): 0 off ``endpoints`` (B, T) bool, ``N_valid / N_endpoints`` times itself on them (both counted
     over the batch), so that verl's token-mean over the valid tokens is the mean over the endpoints."""
-    n_endpoints = int(torch.count_nonzero(endpoints_tm))
-    x.masked_fill_(~endpoints_tm, 0.0)
+    n_endpoints = int(torch.count_nonzero(endpoints))
+    x.masked_fill_(~endpoints, 0.0)
     if n_endpoints:
         x.mul_(batch.n_valid / n_endpoints)
 
 
-def _scalar(value: float, like: torch.Tensor) -> torch.Tensor:
-    """A 0-dim tensor of ``like``'s dtype and device (for torch.where with an ``out`` buffer)."""
-    return torch.tensor(value, dtype=like.dtype, device=like.device)
-
-
-def _select(xp, cond, a, b, out) -> None:
-    """``out = a where cond else b`` for one time step (numpy or torch rows; ``out`` may alias ``b``)."""
-    if xp is np:
-        if out is not b:
-            np.copyto(out, b)
-        np.copyto(out, a, where=cond)
-    else:
-        torch.where(cond, a, b, out=out)
-
-
-def _array_backend(*tensors: torch.Tensor):
-    """numpy views of CPU tensors (cheaper per step in the sequential loops), torch tensors elsewhere."""
-    if tensors[0].device.type == "cpu":
-        return np, tuple(t.numpy() for t in tensors)
-    return torch, tensors
+def _take(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``table[index]`` for a 1-D ``table`` (numpy's ``take`` on CPU, several times faster there than torch's)."""
+    if table.device.type == "cpu":
+        return torch.from_numpy(np.take(table.numpy(), index.numpy()))
+    return table[index]
