@@ -173,6 +173,85 @@ def test_segment_gae_equals_its_loop_twin(seed, B, T, mask_kind, empty_rows, gam
     assert torch.equal(before[3], lam) if isinstance(lam, torch.Tensor) else before[3] == lam
 
 
+@pytest.mark.parametrize("gamma, lam", [(1.0, 0.95), (0.99, 0.95), (1.0, 0.0), (0.0, 1.0), (1.0, 1.0), (0.999, 0.5),
+                                        (1.0, "per_response")])
+def test_segment_gae_at_32768_tokens_in_float32_stays_within_1e_5_of_the_float64_loop(gamma, lam):
+    """The scan composes factors pairwise (no division): stable at long rows, factor 0 included."""
+    B, T = 2, 32768
+    _, mask, deltas, _, _ = make_batch(3, B, T, "holes", junk=True, dtype=torch.float32)
+    ends = torch.rand(B, T, generator=torch.Generator().manual_seed(4)) < 0.3
+    if lam == "per_response":
+        lam = torch.tensor([0.9, 0.999])
+    want = segment_gae_batch(deltas, ends, mask, gamma, lam)
+    got = segment_gae(deltas, ends, mask, gamma, lam)
+    assert got.dtype == torch.float32
+    assert float((got.double() - want).abs().max()) <= 1e-5 * float(want.abs().max())
+
+
+@pytest.mark.parametrize("rule, cap, threshold", [("variance", 16, 1.0), ("variance", 400, 6.0), ("variance", 3, 0.3),
+                                                   ("fixed", 7, 1.0), ("low_prob", 16, 1.0)])
+@pytest.mark.parametrize("mask_kind", ["prefix", "holes"])
+def test_long_rows_cut_exactly_the_references_groups(rule, cap, threshold, mask_kind):
+    """Step 2 at thousands of tokens a row (many pointer-doubling rounds and binary-search steps): the same groups
+    as the reference's loop, and the same advantages and returns."""
+    rewards, mask, values, olp, index = make_batch(11, 3, 2500, mask_kind, junk=True)
+    cfg = config(0.99, 0.9, group_max_size=cap, boundary_rule=rule, low_prob_threshold=0.2)
+    out = compute_group_ppo_outputs(rewards, mask, values=values, index=index, settings=read_algorithm_settings(cfg),
+                                    old_log_probs=olp, threshold=threshold)
+    ref = reference_group_ppo(rewards, mask, values, gamma=0.99, lam=0.9, threshold=threshold, group_max_size=cap,
+                              boundary_rule=rule, low_prob_threshold=0.2, old_log_probs=olp, index=index)
+    assert torch.equal(out.endpoint_mask, ref.endpoints)
+    assert 1.2 < out.mean_group_size < cap  # groups of several tokens, not all at their cap
+    assert_close(out.returns, ref.returns)
+    assert_close(out.advantages, ref.advantages)
+
+
+# --------------------------------------------------------------------------------------------------
+# groups decided elsewhere: the endpoints argument
+
+
+@pytest.mark.parametrize("rule", ["variance", "low_prob", "turn"])
+def test_given_endpoints_reproduce_the_pass_that_found_them(rule):
+    rewards, mask, values, olp, index = make_batch(21, 6, 40, "holes", junk=True)
+    settings = algo_settings(0.99, 0.9, boundary_rule=rule, group_max_size=6, adv_norm="prompt", low_prob_threshold=0.3)
+    own = compute_group_ppo_outputs(rewards, mask, values=values, index=index, settings=settings, old_log_probs=olp,
+                                    threshold=1.5)
+    endpoints = find_group_endpoints(rewards, mask, values=values, old_log_probs=olp, gamma=0.99, threshold=1.5,
+                                     group_max_size=6, boundary_rule=rule, low_prob_threshold=0.3)
+    assert torch.equal(endpoints, own.endpoint_mask)
+    given = compute_group_ppo_outputs(rewards, mask, values=values, index=index, settings=settings, old_log_probs=olp,
+                                      threshold=1.5, endpoints=endpoints)
+    for name in ("advantages", "returns", "group_ids", "endpoint_mask", "critic_mask", "critic_loss_weights"):
+        assert torch.equal(getattr(given, name), getattr(own, name)), name
+    adv, ret = compute_group_advantage(rewards, mask, values=values, index=index, config=config(0.99, 0.9),
+                                       endpoints=endpoints)
+    assert torch.equal(adv, compute_group_ppo_outputs(rewards, mask, values=values, index=index,
+                                                      settings=algo_settings(0.99, 0.9), endpoints=endpoints).advantages)
+
+
+def test_given_endpoints_replace_step_2_and_a_hole_still_ends_a_group():
+    mask = torch.tensor([[1.0, 1, 1, 0, 1, 1, 1, 1]])
+    rewards, values = torch.zeros(1, 8), torch.zeros(1, 8)
+    endpoints = torch.tensor([[False, False, False, False, False, True, False, False]])  # the hole and the end add theirs
+    out = compute_group_ppo_outputs(rewards, mask, values=values, settings=algo_settings(), endpoints=endpoints)
+    assert out.group_ids.tolist() == [[1, 1, 1, 0, 2, 2, 3, 3]]
+    assert out.endpoint_mask.tolist() == [[False, False, True, False, False, True, False, True]]
+    assert out.critic_mask.tolist() == [[1.0, 0, 0, 0, 1, 0, 1, 0]]
+
+
+@pytest.mark.parametrize("endpoints, message", [
+    (torch.zeros(2, 8, dtype=torch.bool), "endpoints must be a \\(B, T\\) tensor"),
+    ([[False] * 8], "endpoints must be a \\(B, T\\) tensor"),
+    (torch.full((1, 8), 0.5), "endpoints must contain only 0 and 1"),
+    (torch.tensor([[False, False, False, True, False, False, False, False]]), "endpoints must be False at masked"),
+])
+def test_bad_endpoints_are_named(endpoints, message):
+    mask = torch.tensor([[1.0, 1, 1, 0, 1, 1, 1, 1]])
+    with pytest.raises(ValueError, match=message):
+        compute_group_ppo_outputs(torch.zeros(1, 8), mask, values=torch.zeros(1, 8), settings=algo_settings(),
+                                  endpoints=endpoints)
+
+
 def test_segment_gae_with_every_token_an_end_gives_verls_gae_returns():
     rewards, mask, values, _, _ = make_batch(5, 6, 17, "holes", junk=False)
     valid = mask.bool()

@@ -11,12 +11,12 @@ sequential in time are computed with whole-tensor operations:
   budget: at most ``log2(group_max_size) + 1`` gathers); then the chain of group starts reached from each row's
   first position, by pointer doubling (``log2`` of the number of groups per row, in rounds);
 - step 4's backward recursion ``X_i = delta_i + f_i X_{i+1}``: an associative scan over (factor, residual) pairs,
-  Hillis-Steele doubling inside chunks of :data:`CHUNK` positions and the same scan over the chunks for the
-  carry. Products of factors in [0, 1] only shrink and nothing is divided, so it is stable at any length; at
-  ``gamma = lam = 1`` it is a reversed cumulative sum.
+  composed pairwise level by level (``log2(T)`` levels, about twice the work of the loop). Products of factors in
+  [0, 1] only shrink and nothing is divided, so it is stable at any length; at ``gamma = lam = 1`` it is a reversed
+  cumulative sum.
 
 Conventions as in :mod:`verl_group_ppo.core_algos`. Computation is in float64 when an input is float64, else in
-float32; step 2's prefix sums are float64 in both.
+float32; step 2's prefix sums and step 4's scan are float64 in both.
 """
 
 from __future__ import annotations
@@ -32,10 +32,6 @@ import torch
 from verl_group_ppo.config import AlgorithmSettings, GroupParams
 from verl_group_ppo.estimator.checks import check_finite_at_valid, check_float, check_mask, prompt_ids
 from verl_group_ppo.metrics import sum_of_squares
-
-CHUNK = 32
-"""Positions per chunk of step 4's scan (a power of two)."""
-
 
 @dataclass
 class Batch:
@@ -228,7 +224,7 @@ def group_ends(delta: torch.Tensor, batch: Batch, params: GroupParams, tau: floa
         sigma2 = sum_of_squares(delta) / batch.n_valid
         limit = float(torch.tensor(tau * (sigma2 + params.group_epsilon), dtype=delta.dtype))  # the compute dtype's
         budget = (delta * delta, limit)
-    return _chain_ends(_group_end_from(forced, cap, budget))
+    return _chain_ends(*_group_end_from(forced, cap, budget), forced.shape)
 
 
 def turn_ends(invalid: torch.Tensor) -> torch.Tensor:
@@ -240,56 +236,84 @@ def turn_ends(invalid: torch.Tensor) -> torch.Tensor:
     return ends
 
 
-def _group_end_from(forced: torch.Tensor, cap: int, budget: Optional[tuple[torch.Tensor, float]]) -> torch.Tensor:
-    """Step 2's scan from every position at once: (B, T) long, at each position s the flat (B*T) index of the last
-    position of a group that starts at s: the first of (the first ``forced`` (B, T) position at or after s, s +
-    ``cap`` - 1, and with ``budget = (increments (B, T), limit)`` the first t with ``sum(increments[s..t]) >= limit``).
+def _group_end_from(forced: torch.Tensor, cap: int,
+                    budget: Optional[tuple[torch.Tensor, float]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Step 2's scan from every position at once. Returns ``(end, alone)``: ``end`` (B*T,) int32 (int64 for huge batches), at each position s
+    the flat index of the last position of a group that starts at s: the first of (the first ``forced`` (B, T)
+    position at or after s, s + ``cap`` - 1, and with ``budget = (increments (B, T), limit)`` the first t with
+    ``sum(increments[s..t]) >= limit``); ``alone`` (B*T,) bool, where a group starting there is one token long.
 
     Every row's last position is forced, so no group crosses into the next row. The budget's sums are differences
-    of float64 prefix sums, found by a binary search over the window of ``cap`` positions.
+    of float64 prefix sums (+inf past the batch), searched only for the positions whose group reaches its budget
+    after its first token and before its other ends (:func:`_first_reaching`).
     """
     B, T = forced.shape
-    flat = forced.reshape(-1)
-    forced_at = torch.nonzero(flat).squeeze(1)  # the forced positions in flat order
-    before = torch.cumsum(flat, 0) - flat.long()  # forced positions before each position
-    end = _take(forced_at, before)  # the first forced position at or after each position
-    position = torch.arange(B * T, device=forced.device)
-    torch.minimum(end, position + (cap - 1), out=end)
+    flat, index = forced.reshape(-1), _index_dtype(B * T + 2 * cap)
+    forced_at = torch.nonzero(flat).squeeze(1).to(index)  # the forced positions in flat order
+    forced_before = torch.cumsum(flat, 0, dtype=index).sub_(flat.to(index))
+    end = _take(forced_at, forced_before)  # the first forced position at or after each position
+    position = torch.arange(cap - 1, B * T + cap - 1, dtype=index, device=forced.device)
+    torch.minimum(end, position, out=end)
+    position.sub_(cap - 1)
     if budget is None:
-        return end.view(B, T)
+        return end, flat if cap > 1 else torch.ones_like(flat)
     increments, limit = budget
-    prefix = torch.zeros(B * T + 1, dtype=torch.float64, device=forced.device)
-    torch.cumsum(increments.reshape(-1), 0, dtype=torch.float64, out=prefix[1:])
-    target = prefix[:-1] + limit  # a group from s has reached its budget at t when prefix[t + 1] >= target[s]
-    below = position - 1  # the last t known to be below the budget (s - 1: none yet)
-    step = 1 << (cap.bit_length() - 1)
-    while step:  # log2(cap) + 1 rounds, whatever T is
+    reached = torch.full((B * T + 2 * cap,), math.inf, dtype=torch.float64, device=forced.device)
+    reached[0] = 0.0
+    torch.cumsum(increments.reshape(-1), 0, dtype=torch.float64, out=reached[1:B * T + 1])
+    # a group from s has reached its budget at t when reached[t + 1] >= reached[s] + limit
+    target = reached[:B * T] + limit
+    after = reached[1:]  # after[t]: the sum of the increments up to t
+    at_once = after[:B * T] >= target  # at its first token
+    searched = _take(after, end) >= target
+    searched &= ~at_once  # later in its window
+    searched = torch.nonzero(searched).squeeze(1)
+    end[searched] = _first_reaching(after, target[searched], searched.to(index), cap)
+    torch.where(at_once, position, end, out=end)
+    return end, at_once | flat
+
+
+def _first_reaching(after: torch.Tensor, target: torch.Tensor, start: torch.Tensor, cap: int) -> torch.Tensor:
+    """(S,) long: for each ``start`` (S,) flat position, the first t in ``start + 1 .. start + cap - 1`` (in ``start``'s dtype) with
+    ``after[t] >= target`` (S,), by binary search (``after`` non-decreasing, one past the last position known to
+    stay below); ``log2(cap)`` rounds, whatever T is."""
+    below = start.clone()  # the last t known to be below the target
+    step = 1 << (max(cap - 1, 1).bit_length() - 1)
+    while step:
         candidate = below + step
-        inside = candidate <= end
-        inside &= _take(prefix, torch.minimum(candidate, end) + 1) < target
-        below = torch.where(inside, candidate, below)
+        torch.where(_take(after, candidate) < target, candidate, below, out=below)
         step >>= 1
-    return torch.minimum(below + 1, end, out=end).view(B, T)
+    return below.add_(1)
 
 
-def _chain_ends(end: torch.Tensor) -> torch.Tensor:
-    """The ends of the groups actually cut: (B, T) bool, from the group end ``end`` (B, T) (flat indices) of a group
-    starting at each position. Each row's chain of starts begins at its first position; the next start is one past
-    the end. The chain is followed by pointer doubling: ``jump`` holds the start ``2**k`` groups ahead, and round k
-    adds the next ``2**k`` starts of every row at once, until every row's chain has reached its row's end."""
-    B, T = end.shape
+def _chain_ends(end: torch.Tensor, alone: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """The ends of the groups actually cut: (B, T) bool, from ``end`` (B*T,), the flat index of the last position
+    of a group starting at each position (non-decreasing along each row, as step 2's scan makes it), and ``alone``
+    (B*T,) bool, where that group is the position alone.
+
+    Each row's chain of groups starts at its first position and after every position t where ``alone``: every
+    group that holds such a t ends there. From each of these restarts the chain is followed to the next by pointer
+    doubling: round k adds the starts ``2**k`` to ``2**(k+1) - 1`` groups after each restart, ``jump`` holding the
+    start ``2**k`` groups ahead (``n``, which maps to itself, past the chain's next restart): ``log2`` of the
+    longest chain between two restarts rounds.
+    """
+    B, T = shape
     n = B * T
-    following = end.reshape(-1) + 1
-    following[(following % T) == 0] = n  # past a row's last position: the sentinel n, which maps to itself
-    jump = torch.cat([following, torch.tensor([n], device=end.device)])  # (n + 1,): the start one group ahead
-    starts = torch.arange(0, n, T, device=end.device).unsqueeze(1)  # (B, 1): each row's chain so far
-    while True:
-        starts = torch.cat([starts, _take(jump, starts)], 1)
-        if bool((starts[:, -1] == n).all()):
-            break
+    is_start = torch.empty(n + 1, dtype=torch.bool, device=end.device)
+    is_start[0] = True
+    is_start[1:] = alone
+    is_start[:n:T] = True  # each row's first position
+    jump = torch.empty(n + 1, dtype=end.dtype, device=end.device)
+    torch.add(end, 1, out=jump[:n])
+    jump[n] = n
+    jump.masked_fill_(_take(is_start, jump), n)  # a restart (or the next row) stops the chain
+    frontier = torch.nonzero(is_start[:n]).squeeze(1).to(end.dtype)  # the starts whose chain may go on
+    while frontier.numel():
+        ahead = _take(jump, frontier)
+        going = ahead < n  # a chain that stops within 2**k groups stops within 2**(k+1) too
+        is_start[ahead[going]] = True
+        frontier = torch.cat([frontier[going], ahead[going]])
         jump = _take(jump, jump)  # twice as many groups ahead
-    is_start = torch.zeros(n + 1, dtype=torch.bool, device=end.device)
-    is_start[starts.reshape(-1)] = True
     ends = torch.empty((B, T), dtype=torch.bool, device=end.device)
     ends[:, :-1] = is_start[:n].view(B, T)[:, 1:]
     ends[:, -1] = True
@@ -348,53 +372,48 @@ def segment_scan(delta: torch.Tensor, ends: torch.Tensor, invalid: torch.Tensor,
 
     ``X_i = delta_i + gamma * (lam if i is an end else 1) * X_{i+1}`` backward over valid positions, X after the
     last = 0; masked positions pass X through (their residual is 0, their factor 1). ``ends`` (B, T) bool marks
-    the ends; ``lam`` is a float or a (B,) tensor of per-response lambdas in ``delta``'s dtype.
+    the ends; ``lam`` is a float or a (B,) tensor of per-response lambdas. The scan runs in float64 (float32's
+    rounding, compounded over the scan's levels, would reach 1e-5 of the result at 32,768 tokens and lam near 1).
     """
     if isinstance(lam, float) and gamma == 1.0 and lam == 1.0:  # every factor 1: a reversed cumulative sum
         return delta.flip(1).cumsum(1).flip(1)
-    lam_ = lam.unsqueeze(1) if isinstance(lam, torch.Tensor) else lam
-    factor = torch.where(ends, gamma * lam_, torch.full((), gamma, dtype=delta.dtype, device=delta.device))
-    return _affine_scan(factor.masked_fill_(invalid, 1.0), delta)
+    lam_ = lam.unsqueeze(1).double() if isinstance(lam, torch.Tensor) else lam
+    factor = torch.where(ends, gamma * lam_, torch.full((), gamma, dtype=torch.float64, device=delta.device))
+    return _affine_scan(factor.masked_fill_(invalid, 1.0), delta.double()).to(delta.dtype)
 
 
 def _affine_scan(factor: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """``X_i = x_i + factor_i * X_{i+1}`` along the last dimension, ``X`` past the end = 0: (R, T) -> (R, T), new.
 
-    The maps ``X -> x_i + factor_i X`` compose associatively; Hillis-Steele doubling composes them inside chunks
-    of :data:`CHUNK` positions (``log2(CHUNK)`` rounds), the same scan over the chunks' compositions gives the X
-    each chunk continues into, and one multiply-add hands it on.
+    The maps ``X -> x_i + factor_i X`` compose associatively. Each level composes neighbouring pairs (i even: the
+    pair's map ``X -> x_i + factor_i x_{i+1} + factor_i factor_{i+1} X``), solves the half-length problem the same
+    way, and reads X at the odd positions off the solved even ones: ``log2(T)`` levels, about 2 T compositions in
+    all, products of factors only (no division).
     """
     R, T = x.shape
-    if T <= 1 or R == 0:
+    if T <= 1:
         return x.clone()
-    n_chunks = -(-T // CHUNK)
-    pad = n_chunks * CHUNK - T
-    a = factor.new_ones((R, n_chunks, CHUNK))
-    a.view(R, -1)[:, :T] = factor
-    b = x.new_zeros((R, n_chunks, CHUNK))
-    b.view(R, -1)[:, :T] = x
-    step = 1
-    while step < CHUNK:
-        through = a[..., :-step] * b[..., step:]  # both from the previous round
-        a[..., :-step] *= a[..., step:].clone()
-        b[..., :-step] += through
-        step *= 2
-    if n_chunks > 1:  # X at each chunk's start, then the X each chunk continues into
-        heads = _affine_scan(a[..., 0].contiguous(), b[..., 0].contiguous())
-        carry = torch.zeros((R, n_chunks, 1), dtype=x.dtype, device=x.device)
-        carry[:, :-1, 0] = heads[:, 1:]
-        b.addcmul_(a, carry)
-    return b.view(R, n_chunks * CHUNK)[:, :T].contiguous()
+    if T % 2:  # one more position, the identity map (factor 1, residual 0)
+        factor = torch.cat([factor, factor.new_ones((R, 1))], 1)
+        x = torch.cat([x, x.new_zeros((R, 1))], 1)
+    a_even, a_odd, x_even, x_odd = factor[:, 0::2], factor[:, 1::2], x[:, 0::2], x[:, 1::2]
+    pair_x = torch.addcmul(x_even, a_even, x_odd)
+    pair_x = _affine_scan(a_even * a_odd, pair_x)  # X at the even positions
+    out = torch.empty_like(x)
+    out[:, 0::2] = pair_x
+    out[:, 1:-1:2] = torch.addcmul(x_odd[:, :-1], a_odd[:, :-1], pair_x[:, 1:])
+    out[:, -1] = x_odd[:, -1]
+    return out if out.shape[1] == T else out[:, :T].contiguous()
 
 
 def _broadcast_from_starts(x: torch.Tensor, groups: Groups) -> torch.Tensor:
     """(B, T), a new tensor: every position carries X of ``x`` (B, T) at the first token of its group (A_k = X at
     s_k), found by the running count of group starts; masked positions carry their previous group's."""
-    group = torch.cumsum(groups.first.view(-1), 0).sub_(1).clamp_(min=0)  # the flat order's group of each position
     heads = x.reshape(-1)[groups.slots]
     if heads.numel() == 0:
         return torch.zeros_like(x)
-    return heads[group].view_as(x)
+    group = torch.cumsum(groups.first.view(-1), 0, dtype=_index_dtype(x.numel())).sub_(1).clamp_(min=0)
+    return _take(heads, group).view_as(x)  # each position's group, counted in flat order
 
 
 # --------------------------------------------------------------------------------------------------
@@ -450,6 +469,11 @@ def _keep_endpoints_(x: torch.Tensor, endpoints: torch.Tensor, batch: Batch) -> 
     x.masked_fill_(~endpoints, 0.0)
     if n_endpoints:
         x.mul_(batch.n_valid / n_endpoints)
+
+
+def _index_dtype(size: int) -> torch.dtype:
+    """int32 for flat indices below ``size`` when it fits (half the memory of int64), else int64."""
+    return torch.int32 if size < 2**31 else torch.int64
 
 
 def _take(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
