@@ -307,7 +307,7 @@ def _chain_ends(end: torch.Tensor, alone: torch.Tensor, shape: torch.Size) -> to
     torch.add(end, 1, out=jump[:n])
     jump[n] = n
     jump.masked_fill_(_take(is_start, jump), n)  # a restart (or the next row) stops the chain
-    frontier = torch.nonzero(is_start[:n]).squeeze(1).to(end.dtype)  # the starts whose chain may go on
+    frontier = torch.nonzero(is_start[:n] & (jump[:n] < n)).squeeze(1).to(end.dtype)  # the chains that go on
     while frontier.numel():
         ahead = _take(jump, frontier)
         going = ahead < n  # a chain that stops within 2**k groups stops within 2**(k+1) too
