@@ -149,7 +149,7 @@ def compute_group_ppo_outputs(
     tau, lam = _resolve_threshold(threshold, settings.group), _policy_lambda(batch, settings)
     steps = run_steps(batch, settings, tau, lam, _given_ends(endpoints, batch))  # steps 1-7: advantages, returns
     groups, n_valid = steps.groups, batch.n_valid
-    group_ids = groups.ids  # step 3's ids (made once the pass's time-major buffers are freed: peak memory)
+    group_ids = groups.ids  # step 3's ids (made after the pass, once its buffers are freed: peak memory)
     critic_mask = create_critic_endpoint_mask(batch.valid, group_ids).to(steps.advantages.dtype)  # step 5
     n_groups = len(groups.sizes)
     ev = _explained_variance_at(steps.returns, values, groups.slots, settings.group.group_epsilon)  # step 6's tau

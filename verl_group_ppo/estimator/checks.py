@@ -1,4 +1,4 @@
-"""Input validation and layout helpers of the estimator: each bad input gets a ValueError naming the argument.
+"""Input validation of the estimator: each bad input gets a ValueError naming the argument.
 
 Conventions as in :mod:`verl_group_ppo.core_algos`: tensors (B, T), masks 0/1.
 """
@@ -10,8 +10,7 @@ from typing import Any, Sequence, Union
 import numpy as np
 import torch
 
-__all__ = ["IndexLike", "check_finite_at_valid", "check_float", "check_mask", "describe", "prompt_ids",
-           "time_major", "to_batch_major"]
+__all__ = ["IndexLike", "check_finite_at_valid", "check_float", "check_mask", "describe", "prompt_ids"]
 
 IndexLike = Union[np.ndarray, Sequence[Any], torch.Tensor]
 
@@ -29,6 +28,7 @@ def check_mask(mask: Any, name: str) -> torch.Tensor:
 
 
 def check_float(x: Any, name: str, shape: tuple, device: torch.device) -> None:
+    """ValueError naming ``name`` unless ``x`` is a floating-point tensor of ``shape`` on ``device``."""
     if not isinstance(x, torch.Tensor):
         raise ValueError(f"{name} must be a torch.Tensor of shape {shape}, got {describe(x)}")
     if tuple(x.shape) != shape:
@@ -39,19 +39,10 @@ def check_float(x: Any, name: str, shape: tuple, device: torch.device) -> None:
         raise ValueError(f"{name} is on {x.device} but response_mask is on {device}")
 
 
-def time_major(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """A new contiguous (T, B) copy of the (B, T) tensor ``x`` in ``dtype`` (never a view of ``x``)."""
-    return torch.empty((x.shape[1], x.shape[0]), dtype=dtype, device=x.device).copy_(x.t())
-
-
-def check_finite_at_valid(x_tm: torch.Tensor, name: str) -> None:
-    """``x_tm`` is 0 at masked positions, so any NaN or inf in it sits at a valid position."""
-    if not bool(torch.isfinite(x_tm).all()):
+def check_finite_at_valid(x: torch.Tensor, name: str) -> None:
+    """ValueError naming ``name`` when ``x`` (B, T), 0 at masked positions, holds a NaN or inf (so at a valid one)."""
+    if not bool(torch.isfinite(x).all()):
         raise ValueError(f"{name} must be finite at valid positions of response_mask (found NaN or inf)")
-
-
-def to_batch_major(x_tm: torch.Tensor) -> torch.Tensor:
-    return x_tm.t().contiguous()
 
 
 def prompt_ids(index: IndexLike, batch_size: int) -> np.ndarray:
@@ -71,6 +62,7 @@ def prompt_ids(index: IndexLike, batch_size: int) -> np.ndarray:
 
 
 def describe(x: Any) -> str:
+    """A short description of ``x`` for error messages: a tensor's shape and dtype, else its type's name."""
     if isinstance(x, torch.Tensor):
         return f"tensor of shape {tuple(x.shape)} and dtype {x.dtype}"
     return type(x).__name__
