@@ -11,7 +11,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 from verl.trainer.ppo.core_algos import compute_gae_advantage_return, compute_grpo_outcome_advantage
-from verl_group_ppo_testutils_reference import reference_group_ppo, segment_gae_batch
 
 from verl_group_ppo.config import V1_GROUP_PARAMS, GroupParams, read_algorithm_settings
 from verl_group_ppo.core_algos import (
@@ -25,6 +24,7 @@ from verl_group_ppo.core_algos import (
     segment_gae,
     update_threshold,
 )
+from verl_group_ppo.estimator.reference import reference_group_ppo, segment_gae_batch
 
 F64 = torch.float64
 
@@ -171,6 +171,85 @@ def test_segment_gae_equals_its_loop_twin(seed, B, T, mask_kind, empty_rows, gam
     for a, b in zip(before[:3], after[:3]):
         assert torch.equal(a.nan_to_num(7.0, 7.0, 7.0), b.nan_to_num(7.0, 7.0, 7.0))
     assert torch.equal(before[3], lam) if isinstance(lam, torch.Tensor) else before[3] == lam
+
+
+@pytest.mark.parametrize("gamma, lam", [(1.0, 0.95), (0.99, 0.95), (1.0, 0.0), (0.0, 1.0), (1.0, 1.0), (0.999, 0.5),
+                                        (1.0, "per_response")])
+def test_segment_gae_at_32768_tokens_in_float32_stays_within_1e_5_of_the_float64_loop(gamma, lam):
+    """The scan composes factors pairwise (no division): stable at long rows, factor 0 included."""
+    B, T = 2, 32768
+    _, mask, deltas, _, _ = make_batch(3, B, T, "holes", junk=True, dtype=torch.float32)
+    ends = torch.rand(B, T, generator=torch.Generator().manual_seed(4)) < 0.3
+    if lam == "per_response":
+        lam = torch.tensor([0.9, 0.999])
+    want = segment_gae_batch(deltas, ends, mask, gamma, lam)
+    got = segment_gae(deltas, ends, mask, gamma, lam)
+    assert got.dtype == torch.float32
+    assert float((got.double() - want).abs().max()) <= 1e-5 * float(want.abs().max())
+
+
+@pytest.mark.parametrize("rule, cap, threshold", [("variance", 16, 1.0), ("variance", 400, 6.0), ("variance", 3, 0.3),
+                                                   ("fixed", 7, 1.0), ("low_prob", 16, 1.0)])
+@pytest.mark.parametrize("mask_kind", ["prefix", "holes"])
+def test_long_rows_cut_exactly_the_references_groups(rule, cap, threshold, mask_kind):
+    """Step 2 at thousands of tokens a row (many pointer-doubling rounds and binary-search steps): the same groups
+    as the reference's loop, and the same advantages and returns."""
+    rewards, mask, values, olp, index = make_batch(11, 3, 2500, mask_kind, junk=True)
+    cfg = config(0.99, 0.9, group_max_size=cap, boundary_rule=rule, low_prob_threshold=0.2)
+    out = compute_group_ppo_outputs(rewards, mask, values=values, index=index, settings=read_algorithm_settings(cfg),
+                                    old_log_probs=olp, threshold=threshold)
+    ref = reference_group_ppo(rewards, mask, values, gamma=0.99, lam=0.9, threshold=threshold, group_max_size=cap,
+                              boundary_rule=rule, low_prob_threshold=0.2, old_log_probs=olp, index=index)
+    assert torch.equal(out.endpoint_mask, ref.endpoints)
+    assert 1.2 < out.mean_group_size < cap  # groups of several tokens, not all at their cap
+    assert_close(out.returns, ref.returns)
+    assert_close(out.advantages, ref.advantages)
+
+
+# --------------------------------------------------------------------------------------------------
+# groups decided elsewhere: the endpoints argument
+
+
+@pytest.mark.parametrize("rule", ["variance", "low_prob", "turn"])
+def test_given_endpoints_reproduce_the_pass_that_found_them(rule):
+    rewards, mask, values, olp, index = make_batch(21, 6, 40, "holes", junk=True)
+    settings = algo_settings(0.99, 0.9, boundary_rule=rule, group_max_size=6, adv_norm="prompt", low_prob_threshold=0.3)
+    own = compute_group_ppo_outputs(rewards, mask, values=values, index=index, settings=settings, old_log_probs=olp,
+                                    threshold=1.5)
+    endpoints = find_group_endpoints(rewards, mask, values=values, old_log_probs=olp, gamma=0.99, threshold=1.5,
+                                     group_max_size=6, boundary_rule=rule, low_prob_threshold=0.3)
+    assert torch.equal(endpoints, own.endpoint_mask)
+    given = compute_group_ppo_outputs(rewards, mask, values=values, index=index, settings=settings, old_log_probs=olp,
+                                      threshold=1.5, endpoints=endpoints)
+    for name in ("advantages", "returns", "group_ids", "endpoint_mask", "critic_mask", "critic_loss_weights"):
+        assert torch.equal(getattr(given, name), getattr(own, name)), name
+    adv, ret = compute_group_advantage(rewards, mask, values=values, index=index, config=config(0.99, 0.9),
+                                       endpoints=endpoints)
+    assert torch.equal(adv, compute_group_ppo_outputs(rewards, mask, values=values, index=index,
+                                                      settings=algo_settings(0.99, 0.9), endpoints=endpoints).advantages)
+
+
+def test_given_endpoints_replace_step_2_and_a_hole_still_ends_a_group():
+    mask = torch.tensor([[1.0, 1, 1, 0, 1, 1, 1, 1]])
+    rewards, values = torch.zeros(1, 8), torch.zeros(1, 8)
+    endpoints = torch.tensor([[False, False, False, False, False, True, False, False]])  # the hole and the end add theirs
+    out = compute_group_ppo_outputs(rewards, mask, values=values, settings=algo_settings(), endpoints=endpoints)
+    assert out.group_ids.tolist() == [[1, 1, 1, 0, 2, 2, 3, 3]]
+    assert out.endpoint_mask.tolist() == [[False, False, True, False, False, True, False, True]]
+    assert out.critic_mask.tolist() == [[1.0, 0, 0, 0, 1, 0, 1, 0]]
+
+
+@pytest.mark.parametrize("endpoints, message", [
+    (torch.zeros(2, 8, dtype=torch.bool), "endpoints must be a \\(B, T\\) tensor"),
+    ([[False] * 8], "endpoints must be a \\(B, T\\) tensor"),
+    (torch.full((1, 8), 0.5), "endpoints must contain only 0 and 1"),
+    (torch.tensor([[False, False, False, True, False, False, False, False]]), "endpoints must be False at masked"),
+])
+def test_bad_endpoints_are_named(endpoints, message):
+    mask = torch.tensor([[1.0, 1, 1, 0, 1, 1, 1, 1]])
+    with pytest.raises(ValueError, match=message):
+        compute_group_ppo_outputs(torch.zeros(1, 8), mask, values=torch.zeros(1, 8), settings=algo_settings(),
+                                  endpoints=endpoints)
 
 
 def test_segment_gae_with_every_token_an_end_gives_verls_gae_returns():
@@ -391,34 +470,36 @@ def test_inputs_are_not_mutated_and_no_graph_is_built():
 
 @pytest.mark.parametrize("group", [{}, {"critic_lam": 0.5}, {"policy_loss_on": "endpoints"},
                                    {"within_group": "per_token", "length_adaptive_alpha": 0.1}])
-def test_the_pass_leaves_its_time_major_copies_of_the_inputs_as_they_were(group):
-    """The validated inputs (``_Batch``) are plain copies: the pass reads them and writes its results elsewhere,
-    whether the critic's and the policy's recursions are one (the first case) or two."""
-    import verl_group_ppo.core_algos as core
+def test_the_pass_leaves_its_validated_inputs_as_they_were(group):
+    """The validated inputs (``Batch``, which holds the caller's tensors when their dtype is the compute dtype) are
+    only read: the pass writes its results elsewhere, whether the critic's and the policy's X are one buffer (the
+    first case) or two."""
+    from verl_group_ppo.core_algos import _policy_lambda
+    from verl_group_ppo.estimator.fast import prepare, run_steps
 
     rewards, mask, values, olp, index = make_batch(43, 5, 21, "holes", junk=True)
     settings = algo_settings(0.97, 0.9, adv_norm="prompt", **group)
-    batch = core._prepare(rewards, mask, values, index, olp, settings.group)
-    before = [x.clone() for x in (batch.rewards_tm, batch.values_tm, batch.valid_tm, batch.invalid_tm)]
-    steps = core._run_steps(batch, settings, 1.0)
-    after = (batch.rewards_tm, batch.values_tm, batch.valid_tm, batch.invalid_tm)
+    batch = prepare(rewards, mask, values, index, olp, settings.group)
+    assert batch.rewards is rewards  # float64 inputs are not copied
+    before = [x.clone() for x in (batch.rewards, batch.values, batch.valid, batch.invalid)]
+    steps = run_steps(batch, settings, 1.0, _policy_lambda(batch, settings))
+    after = (batch.rewards, batch.values, batch.valid, batch.invalid)
     assert all(torch.equal(a.nan_to_num(7.0, 7.0, 7.0), b.nan_to_num(7.0, 7.0, 7.0)) for a, b in zip(before, after))
-    assert torch.equal(before[0].t().nan_to_num(7.0, 7.0, 7.0), rewards.nan_to_num(7.0, 7.0, 7.0))
     out = compute_group_ppo_outputs(rewards, mask, values=values, index=index, old_log_probs=olp, settings=settings,
                                     threshold=1.0)
     assert torch.equal(steps.advantages, out.advantages) and torch.equal(steps.returns, out.returns)
 
 
 @pytest.mark.parametrize("rule", ["variance", "fixed", "low_prob", "turn"])
-def test_torch_loop_backend_equals_numpy_backend(monkeypatch, rule):
-    """The per-step loops run on numpy views on CPU and with torch ops elsewhere (CUDA): same results."""
-    import verl_group_ppo.core_algos as core
+def test_torch_gathers_equal_numpy_gathers(monkeypatch, rule):
+    """Step 2's gathers run with numpy on CPU and with torch indexing elsewhere (CUDA): same results."""
+    import verl_group_ppo.estimator.fast as fast
 
     rewards, mask, values, olp, index = make_batch(47, 9, 33, "holes", junk=True, empty_rows=True)
     cfg = algo_settings(0.97, 0.9, group_max_size=5, boundary_rule=rule, adv_norm="prompt")
     with_numpy = compute_group_ppo_outputs(rewards, mask, values=values, index=index, settings=cfg, old_log_probs=olp,
                                            threshold=0.7)
-    monkeypatch.setattr(core, "_array_backend", lambda *tensors: (torch, tensors))
+    monkeypatch.setattr(fast, "_take", lambda table, index: table[index])
     with_torch = compute_group_ppo_outputs(rewards, mask, values=values, index=index, settings=cfg, old_log_probs=olp,
                                            threshold=0.7)
     for name in ("advantages", "returns", "group_ids", "endpoint_mask", "critic_mask", "critic_loss_weights"):

@@ -12,9 +12,9 @@ import torch
 from omegaconf import OmegaConf
 from test_core_algos import algo_settings, assert_close, config, make_batch
 from verl.trainer.ppo.core_algos import compute_gae_advantage_return, get_policy_loss_fn
-from verl_group_ppo_testutils_reference import reference_group_ppo
 
 from verl_group_ppo.core_algos import compute_group_advantage, compute_group_ppo_outputs, length_adaptive_lambda
+from verl_group_ppo.estimator.reference import reference_group_ppo
 
 RULES = ("variance", "fixed", "low_prob")
 
@@ -212,3 +212,23 @@ def test_both_options_reach_the_estimator_through_verls_compute_advantage():
     assert torch.equal(data.batch["returns"], expected.returns)
     assert torch.all(data.batch["advantages"][~expected.endpoint_mask] == 0)
     assert inputs.outputs.metrics["group/policy_lam"] == expected.metrics["group/policy_lam"] < 0.95
+
+
+def test_endpoints_handed_to_estimator_inputs_are_the_groups_verls_advantage_step_uses():
+    from verl import DataProto
+    from verl.trainer.ppo.ray_trainer import compute_advantage
+
+    from verl_group_ppo.integration.estimator import estimator_inputs
+
+    rewards, mask, values, old_log_probs, index = make_batch(23, 6, 20, "prefix", junk=False, dtype=torch.float32)
+    endpoints = mask.bool() & (torch.arange(20) % 5 == 4)  # every fifth token, decided before the advantage step
+    algorithm = OmegaConf.create({"adv_estimator": "group_ppo", **config(1.0, 0.9)})
+    data = DataProto.from_dict(tensors={"token_level_rewards": rewards, "response_mask": mask},
+                               non_tensors={"uid": np.asarray(index)})
+    with estimator_inputs(values, old_log_probs, threshold=1.0, endpoints=endpoints) as inputs:
+        data = compute_advantage(data, adv_estimator="group_ppo", config=algorithm)
+    last_valid = mask.bool() & ~torch.cat([mask[:, 1:].bool(), torch.zeros(6, 1, dtype=torch.bool)], 1)
+    assert torch.equal(inputs.outputs.endpoint_mask, endpoints | last_valid)
+    expected = compute_group_ppo_outputs(rewards, mask, values=values, index=index, threshold=1.0,
+                                         settings=algo_settings(1.0, 0.9), endpoints=endpoints)
+    assert torch.equal(data.batch["advantages"], expected.advantages)

@@ -39,17 +39,8 @@ from verl_group_ppo.integration.hooks import post_import_hooks
 
 
 def register_estimator(core_algos: ModuleType) -> None:
-    """Register ``group_ppo``, then import our math module so that a broken install shows now (logged,
-    and raised by the start-up checks and the estimator for group_ppo runs), not at the first step."""
-    from verl_group_ppo.integration.estimator import group_ppo_estimator
-
-    # verl passes a registered estimator no values: group_ppo_estimator reads the critic's values (and old
-    # log-probs, and tau) from the context variable of `estimator_inputs` (integration/estimator.py), which
-    # GroupPPOTrainerMixin._compute_advantage (integration/trainer.py) sets around verl's advantage step. It calls
-    # core_algos.compute_group_ppo_outputs -> _run_steps -> _segment_gae_step, which makes each token's advantage
-    # (step 4; step 6 normalises it).
-    core_algos.register_adv_est("group_ppo")(group_ppo_estimator)
-    importlib.import_module("verl_group_ppo.core_algos")
+    """Register ``group_ppo`` (:func:`verl_group_ppo.integration.estimator.register_estimator`)."""
+    importlib.import_module("verl_group_ppo.integration.estimator").register_estimator(core_algos)
 
 
 def install_need_critic(ppo_utils: ModuleType) -> None:

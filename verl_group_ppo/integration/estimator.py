@@ -1,9 +1,5 @@
-"""The ``group_ppo`` advantage estimator as verl registers it, and the context that feeds it.
-
-verl passes a registered estimator only rewards, mask, its ``algorithm`` config and ``index``. The
-critic's values (and old log-probs, and the current threshold) come from :func:`estimator_inputs`,
-which the GROUP-PPO trainer sets around verl's own advantage step; the estimator puts the full
-:class:`~verl_group_ppo.core_algos.GroupPPOOutputs` back into that context.
+"""The ``group_ppo`` advantage estimator: its registration with verl, the function verl calls, and the context
+that hands it what verl does not pass (:func:`values_verl_does_not_pass`).
 
 The math module is imported when the estimator first runs, so that registering the estimator (at
 ``import verl.trainer.ppo.core_algos``) works even when the math module is broken: a ``group_ppo`` run
@@ -14,7 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import importlib
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any, Iterator, Optional
 
 from verl_group_ppo.integration import ESTIMATOR_NAME
@@ -29,6 +27,7 @@ class EstimatorInputs:
     values: Any
     old_log_probs: Any = None
     threshold: Optional[float] = None
+    endpoints: Any = None
     outputs: Any = None
 
 
@@ -37,12 +36,12 @@ _active_inputs: contextvars.ContextVar[Optional[EstimatorInputs]] = contextvars.
 
 
 @contextlib.contextmanager
-def estimator_inputs(values: Any, old_log_probs: Any = None,
-                     threshold: Optional[float] = None) -> Iterator[EstimatorInputs]:
-    """Hand ``values`` (B, T) (and old log-probs (B, T), and the current threshold) to
-    :func:`group_ppo_estimator` for calls made inside the ``with`` block; yields the record whose
-    ``outputs`` the estimator fills."""
-    inputs = EstimatorInputs(values=values, old_log_probs=old_log_probs, threshold=threshold)
+def estimator_inputs(values: Any, old_log_probs: Any = None, threshold: Optional[float] = None,
+                     endpoints: Any = None) -> Iterator[EstimatorInputs]:
+    """Hand ``values`` (B, T) (and old log-probs (B, T), the current threshold, and the groups' endpoints (B, T)
+    bool when they were decided before the advantage step) to :func:`group_ppo_estimator` for calls made inside
+    the ``with`` block; yields the record whose ``outputs`` the estimator fills."""
+    inputs = EstimatorInputs(values=values, old_log_probs=old_log_probs, threshold=threshold, endpoints=endpoints)
     token = _active_inputs.set(inputs)
     try:
         yield inputs
@@ -50,38 +49,56 @@ def estimator_inputs(values: Any, old_log_probs: Any = None,
         _active_inputs.reset(token)
 
 
+def values_verl_does_not_pass() -> EstimatorInputs:
+    """What verl does not hand a registered estimator (it passes only rewards, mask, config and index): the critic's
+    values, old log-probs, tau and endpoints that the GROUP-PPO trainer put into :func:`estimator_inputs` around verl's
+    advantage step. RuntimeError when no trainer set them."""
+    inputs = _active_inputs.get()
+    if inputs is None:
+        raise RuntimeError(
+            f"algorithm.adv_estimator={ESTIMATOR_NAME} got no critic values: verl passes values only to "
+            "'gae', so GROUP-PPO runs through the verl-group-ppo trainer classes (verl's v1 trainer, "
+            "trainer.use_v1=true, with the plugin loaded), or pass values= when calling it directly.")
+    return inputs
+
+
 def group_ppo_estimator(token_level_rewards, response_mask, config=None, index=None, values=None,
-                        old_log_probs=None, threshold=None, **kwargs: Any):
-    """The function registered as ``group_ppo``: verl's estimator convention.
+                        old_log_probs=None, threshold=None, endpoints=None, **kwargs: Any):
+    """The function registered as ``group_ppo`` (:func:`register_estimator`): verl's estimator convention.
 
     Args:
         token_level_rewards, response_mask: (B, T), as verl passes them.
         config: verl's ``algorithm`` config (read with ``read_algorithm_settings``).
         index: (B,) prompt ids (verl's ``uid``), or None.
-        values, old_log_probs, threshold: taken from :func:`estimator_inputs` when not given.
+        values, old_log_probs, threshold, endpoints: from :func:`values_verl_does_not_pass` when ``values`` is not
+            given.
         kwargs: other arguments verl may add (``reward_baselines``), ignored.
 
     Returns:
         ``(advantages, returns)``, each (B, T).
     """
     raise_if_install_failed()
-    inputs = _active_inputs.get()
+    inputs = None
     if values is None:
-        if inputs is None:
-            raise RuntimeError(
-                f"algorithm.adv_estimator={ESTIMATOR_NAME} got no critic values: verl passes values only to "
-                "'gae', so GROUP-PPO runs through the verl-group-ppo trainer classes (verl's v1 trainer, "
-                "trainer.use_v1=true, with the plugin loaded), or pass values= when calling it directly.")
+        inputs = values_verl_does_not_pass()
         values = inputs.values
         old_log_probs = inputs.old_log_probs if old_log_probs is None else old_log_probs
         threshold = inputs.threshold if threshold is None else threshold
+        endpoints = inputs.endpoints if endpoints is None else endpoints
     from verl_group_ppo.config import read_algorithm_settings
     from verl_group_ppo.core_algos import compute_group_ppo_outputs
 
-    # the values, from here or from the trainer's context, enter the pass at core_algos._run_steps
     outputs = compute_group_ppo_outputs(token_level_rewards, response_mask, values=values,
                                         settings=read_algorithm_settings(config), index=index,
-                                        old_log_probs=old_log_probs, threshold=threshold)
+                                        old_log_probs=old_log_probs, threshold=threshold, endpoints=endpoints)
     if inputs is not None:
         inputs.outputs = outputs
     return outputs.advantages, outputs.returns
+
+
+def register_estimator(core_algos: ModuleType) -> None:
+    """Register :func:`group_ppo_estimator` as ``group_ppo`` in verl's ``core_algos`` module, then import our math
+    module so that a broken install shows now (logged, and raised by the start-up checks and the estimator for
+    group_ppo runs), not at the first step."""
+    core_algos.register_adv_est("group_ppo")(group_ppo_estimator)
+    importlib.import_module("verl_group_ppo.core_algos")

@@ -1,0 +1,483 @@
+"""The fast pass: steps 1-7 of docs/algorithm.md vectorised over batch *and* time, with no Python loop over time.
+
+:func:`run_steps` runs the steps in their order on (B, T) tensors; :mod:`verl_group_ppo.core_algos` validates the
+inputs (:func:`prepare`) and reads the critic's outputs off the groups. The three places where the algorithm is
+sequential in time are computed with whole-tensor operations:
+
+- the next valid value of step 1 and the broadcast of step 4: index arithmetic (a reversed running minimum of
+  positions, running counts of group starts) and gathers;
+- step 2's budget scan (a running sum that resets when it reaches a limit): for every position, where a group
+  starting there ends (the first forced end ahead, the token cap, and a binary search over prefix sums for the
+  budget: at most ``log2(group_max_size) + 1`` gathers); then the chain of group starts reached from each row's
+  first position, by pointer doubling (``log2`` of the number of groups per row, in rounds);
+- step 4's backward recursion ``X_i = delta_i + f_i X_{i+1}``: an associative scan over (factor, residual) pairs,
+  composed pairwise level by level (``log2(T)`` levels, about twice the work of the loop). Products of factors in
+  [0, 1] only shrink and nothing is divided, so it is stable at any length; at ``gamma = lam = 1`` it is a reversed
+  cumulative sum.
+
+Conventions as in :mod:`verl_group_ppo.core_algos`. Computation is in float64 when an input is float64, else in
+float32; step 2's prefix sums and step 4's scan are float64 in both.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import cached_property
+from typing import NamedTuple, Optional, Union
+
+import numpy as np
+import torch
+
+from verl_group_ppo.config import AlgorithmSettings, GroupParams
+from verl_group_ppo.estimator.checks import check_finite_at_valid, check_float, check_mask, prompt_ids
+from verl_group_ppo.metrics import sum_of_squares
+
+@dataclass
+class Batch:
+    """Validated inputs, (B, T), in the compute dtype. ``rewards`` and ``values`` are the caller's tensors when they
+    already have that dtype: the pass never writes them, and never reads their masked positions into a result."""
+
+    valid: torch.Tensor  # (B, T) bool
+    invalid: torch.Tensor  # (B, T) bool, ~valid
+    rewards: torch.Tensor  # (B, T)
+    values: torch.Tensor  # (B, T)
+    old_log_probs: Optional[torch.Tensor]  # (B, T), 0 at masked positions; low_prob rule only
+    index: Optional[np.ndarray]  # (B,) prompt ids as 0..P-1
+    n_valid: int
+
+
+@dataclass(frozen=True)
+class Groups:
+    """The groups of one batch (step 3), made once by :func:`run_steps` from step 2's ends and read by every
+    later step: step 4's cuts and broadcast, step 5's critic slots, step 6's per-prompt statistics, step 7's
+    weights and the metrics. A group's first valid token (its critic slot) is :attr:`first`, from
+    :func:`group_starts`; everything below is made from the ends when first read, and kept."""
+
+    ends: torch.Tensor  # (B, T) bool: each group's last valid token, and every masked position
+    valid: torch.Tensor  # (B, T) bool
+
+    @cached_property
+    def first(self) -> torch.Tensor:
+        """(B, T) bool: each group's first valid token, its critic slot (step 5)."""
+        return group_starts(self.ends, self.valid)
+
+    @cached_property
+    def endpoint_mask(self) -> torch.Tensor:
+        """(B, T) bool: each group's last valid token (step 2's endpoints)."""
+        return self.ends & self.valid
+
+    @cached_property
+    def ids(self) -> torch.Tensor:
+        """(B, T) long: the 1-based group ids of step 3, 0 at masked positions."""
+        return ids_from_starts(self.first, self.valid)
+
+    @cached_property
+    def slots(self) -> torch.Tensor:
+        """(G,) long: the flat (B, T) index of each group's first token, row by row."""
+        return torch.nonzero(self.first.view(-1)).squeeze(1)
+
+    @cached_property
+    def sizes(self) -> torch.Tensor:
+        """(G,) long: the valid tokens of each group, in the order of :attr:`slots` (groups never span a hole)."""
+        return torch.nonzero(self.endpoint_mask.view(-1)).squeeze(1).sub_(self.slots).add_(1)
+
+
+class _PolicyX(NamedTuple):
+    """Step 4's X for the advantages, and what steps 6 and 7 need to finish it."""
+
+    x: torch.Tensor  # (B, T): X, in the buffer steps 6 and 7 finish in place
+    stats_at: torch.Tensor  # (B, T) bool: where step 6's per-prompt statistics read X (one place per group)
+    endpoints: Optional[torch.Tensor]  # (B, T) bool: the positions step 7's endpoint loss keeps; None: all
+
+
+class Steps(NamedTuple):
+    """The results of :func:`run_steps`: the groups, and (B, T) tensors, 0 at masked positions."""
+
+    groups: Groups
+    advantages: torch.Tensor  # (B, T)
+    returns: torch.Tensor  # (B, T)
+
+
+def run_steps(batch: Batch, settings: AlgorithmSettings, tau: float, lam: Union[float, torch.Tensor],
+              ends: Optional[torch.Tensor] = None) -> Steps:
+    """Steps 1-7 of docs/algorithm.md on one batch, in their order, as far as the advantages and the returns
+    need them. Step 5's critic slots are the groups' first tokens (:attr:`Groups.first`); the critic's other
+    outputs (group ids, critic mask, explained variance, loss weights) are read off the groups afterwards.
+
+    Args:
+        batch: the validated inputs (:func:`prepare`); the values enter here, as an argument of steps 1 and 4.
+        settings: the pass's settings; ``tau`` its variance threshold.
+        lam: the advantages' lambda, a float or (B,) per-response lambdas in the compute dtype.
+        ends: (B, T) bool, step 2's groups decided elsewhere (True at every group's last token and at every
+            masked position); None runs step 2 here.
+    """
+    values = batch.values  # V (B, T): the critic's values, the one source of values (steps 1 and 4)
+    delta = td_residuals(values, batch, settings.gamma)  # step 1
+    if ends is None:
+        ends = group_ends(delta, batch, settings.group, tau)  # step 2
+    groups = Groups(ends, batch.valid)  # step 3
+    returns, policy = segment_gae_step(delta, values, groups, batch, settings, lam)  # step 4
+    _normalize_advantages_(policy.x, batch, settings, policy.stats_at)  # step 6
+    if policy.endpoints is not None:  # step 7, the actor's side: the endpoint loss
+        _keep_endpoints_(policy.x, policy.endpoints, batch)
+    return Steps(groups, policy.x, returns)
+
+
+def prepare(rewards, response_mask, values, index, old_log_probs, params: GroupParams) -> Batch:
+    """Validate the inputs' types and shapes and bring them to the compute dtype."""
+    if values is None:
+        raise ValueError("values is required by group_ppo: the critic's values (B, T) for every response token")
+    valid = check_mask(response_mask, "response_mask").contiguous()
+    shape = tuple(valid.shape)
+    check_float(rewards, "token_level_rewards", shape, response_mask.device)
+    check_float(values, "values", shape, response_mask.device)
+    if old_log_probs is not None:
+        check_float(old_log_probs, "old_log_probs", shape, response_mask.device)
+    dtype = torch.float64 if torch.float64 in (rewards.dtype, values.dtype) else torch.float32
+    invalid = ~valid
+    old = None
+    if params.boundary_rule == "low_prob":
+        if old_log_probs is None:
+            raise ValueError("old_log_probs is required by boundary_rule='low_prob'")
+        old = old_log_probs.to(dtype).masked_fill(invalid, 0.0)
+        check_finite_at_valid(old, "old_log_probs")
+    ids = None
+    if index is not None:
+        ids = prompt_ids(index, shape[0])
+    elif params.adv_norm == "prompt":
+        raise ValueError("index (the prompt uid of each response) is required by adv_norm='prompt'")
+    return Batch(valid, invalid, rewards.to(dtype).contiguous(), values.to(dtype).contiguous(), old, ids,
+                 int(torch.count_nonzero(valid)))
+
+
+# --------------------------------------------------------------------------------------------------
+# steps 1-3: TD residuals, group ends, groups
+
+
+def td_residuals(values: torch.Tensor, batch: Batch, gamma: float) -> torch.Tensor:
+    """TD residuals (step 1) of the rewards and ``values`` (B, T): (B, T), a new tensor, 0 at masked positions.
+
+    ``delta_i = r[p_i] + gamma * V[p_{i+1}] - V[p_i]`` over valid positions p_i, V after the last valid
+    position = 0 (:func:`next_valid_values`). Raises ValueError naming the input when a reward or value at a
+    valid position is not finite.
+    """
+    delta = next_valid_values(values, batch.valid)
+    if gamma != 1.0:
+        delta.mul_(gamma)
+    # (r + gamma * V_next) - V, in the order of verl's GAE and the reference; junk at masked positions -> 0.
+    delta.add_(batch.rewards).sub_(values).masked_fill_(batch.invalid, 0.0)
+    if not math.isfinite(sum_of_squares(delta)):
+        check_finite_at_valid(batch.rewards.masked_fill(batch.invalid, 0.0), "token_level_rewards")
+        check_finite_at_valid(values.masked_fill(batch.invalid, 0.0), "values")
+    return delta
+
+
+def next_valid_values(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """(B, T), a new tensor: at each position, ``values`` at the next valid position after it in its row (across
+    holes), 0 where none follows. Without holes (each row's valid positions one run) it is the next position's."""
+    B, T = valid.shape
+    out = torch.zeros_like(values)
+    if T < 2:
+        return out
+    out[:, :-1] = values[:, 1:].masked_fill(~valid[:, 1:], 0.0)
+    if not _has_holes(valid):
+        return out
+    positions = torch.arange(T, device=valid.device).expand(B, T)
+    ahead = torch.where(valid, positions, T).flip(1).cummin(1).values.flip(1)  # first valid position >= t
+    nxt = torch.cat([ahead[:, 1:], torch.full((B, 1), T, device=valid.device)], 1)  # first valid position > t
+    padded = torch.cat([values.masked_fill(~valid, 0.0), torch.zeros((B, 1), dtype=values.dtype,
+                                                                       device=values.device)], 1)
+    return torch.gather(padded, 1, nxt)
+
+
+def _has_holes(valid: torch.Tensor) -> bool:
+    """Whether some row's valid positions are more than one run (a masked position between two valid ones)."""
+    run_starts = valid.clone()
+    run_starts[:, 1:] &= ~valid[:, :-1]
+    return int(torch.count_nonzero(run_starts)) > int(torch.count_nonzero(valid.any(dim=1)))
+
+
+def group_ends(delta: torch.Tensor, batch: Batch, params: GroupParams, tau: float) -> torch.Tensor:
+    """Group ends (B, T) bool: True at every endpoint (step 2) *and* at every masked position (so a group starts
+    right after any True).
+
+    ``turn`` ends groups only where every rule does (:func:`turn_ends`). The other rules add a cap of
+    ``group_max_size`` tokens and their own cuts. The variance budget ``sum z_i >= tau`` with
+    ``z_i = delta_i^2 / (sigma2 + eps)`` is evaluated as ``sum delta_i^2 >= tau * (sigma2 + eps)``: the
+    same test, one pass fewer.
+    """
+    rule = params.boundary_rule
+    if rule == "turn":
+        return turn_ends(batch.invalid)  # no cut of its own, no cap: one group per turn
+    valid = batch.valid
+    T = valid.shape[1]
+    cap = min(params.group_max_size, max(T, 1))
+    if cap == 1 or (rule == "variance" and tau == 0.0) or batch.n_valid == 0:
+        return torch.ones_like(valid)  # every valid token is its own group
+    forced = turn_ends(batch.invalid)  # a masked position, or one that must end a group
+    if rule == "low_prob":
+        low = batch.old_log_probs.exp() < params.low_prob_threshold
+        forced[:, :-1] |= low[:, 1:] & valid[:, 1:]
+    budget = None
+    if rule == "variance":
+        sigma2 = sum_of_squares(delta) / batch.n_valid
+        limit = float(torch.tensor(tau * (sigma2 + params.group_epsilon), dtype=delta.dtype))  # the compute dtype's
+        budget = (delta * delta, limit)
+    return _chain_ends(*_group_end_from(forced, cap, budget), forced.shape)
+
+
+def turn_ends(invalid: torch.Tensor) -> torch.Tensor:
+    """(B, T) bool: every masked position, and every valid position that is the last of its turn (the
+    next position is masked or does not exist). The ends every rule has; a new tensor."""
+    ends = torch.empty_like(invalid)
+    torch.logical_or(invalid[:, :-1], invalid[:, 1:], out=ends[:, :-1])
+    ends[:, -1:] = True
+    return ends
+
+
+def _group_end_from(forced: torch.Tensor, cap: int,
+                    budget: Optional[tuple[torch.Tensor, float]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Step 2's scan from every position at once. Returns ``(end, alone)``: ``end`` (B*T,) int32 (int64 for huge batches), at each position s
+    the flat index of the last position of a group that starts at s: the first of (the first ``forced`` (B, T)
+    position at or after s, s + ``cap`` - 1, and with ``budget = (increments (B, T), limit)`` the first t with
+    ``sum(increments[s..t]) >= limit``); ``alone`` (B*T,) bool, where a group starting there is one token long.
+
+    Every row's last position is forced, so no group crosses into the next row. The budget's sums are differences
+    of float64 prefix sums (+inf past the batch), searched only for the positions whose group reaches its budget
+    after its first token and before its other ends (:func:`_first_reaching`).
+    """
+    B, T = forced.shape
+    flat, index = forced.reshape(-1), _index_dtype(B * T + 2 * cap)
+    forced_at = torch.nonzero(flat).squeeze(1).to(index)  # the forced positions in flat order
+    forced_before = torch.cumsum(flat, 0, dtype=index).sub_(flat.to(index))
+    end = _take(forced_at, forced_before)  # the first forced position at or after each position
+    position = torch.arange(cap - 1, B * T + cap - 1, dtype=index, device=forced.device)
+    torch.minimum(end, position, out=end)
+    position.sub_(cap - 1)
+    if budget is None:
+        return end, flat if cap > 1 else torch.ones_like(flat)
+    increments, limit = budget
+    reached = torch.full((B * T + 2 * cap,), math.inf, dtype=torch.float64, device=forced.device)
+    reached[0] = 0.0
+    torch.cumsum(increments.reshape(-1), 0, dtype=torch.float64, out=reached[1:B * T + 1])
+    # a group from s has reached its budget at t when reached[t + 1] >= reached[s] + limit
+    target = reached[:B * T] + limit
+    after = reached[1:]  # after[t]: the sum of the increments up to t
+    at_once = after[:B * T] >= target  # at its first token
+    searched = _take(after, end) >= target
+    searched &= ~at_once  # later in its window
+    searched = torch.nonzero(searched).squeeze(1)
+    end[searched] = _first_reaching(after, target[searched], searched.to(index), cap)
+    torch.where(at_once, position, end, out=end)
+    return end, at_once | flat
+
+
+def _first_reaching(after: torch.Tensor, target: torch.Tensor, start: torch.Tensor, cap: int) -> torch.Tensor:
+    """(S,) long: for each ``start`` (S,) flat position, the first t in ``start + 1 .. start + cap - 1`` (in ``start``'s dtype) with
+    ``after[t] >= target`` (S,), by binary search (``after`` non-decreasing, one past the last position known to
+    stay below); ``log2(cap)`` rounds, whatever T is."""
+    below = start.clone()  # the last t known to be below the target
+    step = 1 << (max(cap - 1, 1).bit_length() - 1)
+    while step:
+        candidate = below + step
+        torch.where(_take(after, candidate) < target, candidate, below, out=below)
+        step >>= 1
+    return below.add_(1)
+
+
+def _chain_ends(end: torch.Tensor, alone: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """The ends of the groups actually cut: (B, T) bool, from ``end`` (B*T,), the flat index of the last position
+    of a group starting at each position (non-decreasing along each row, as step 2's scan makes it), and ``alone``
+    (B*T,) bool, where that group is the position alone.
+
+    Each row's chain of groups starts at its first position and after every position t where ``alone``: every
+    group that holds such a t ends there. From each of these restarts the chain is followed to the next by pointer
+    doubling: round k adds the starts ``2**k`` to ``2**(k+1) - 1`` groups after each restart, ``jump`` holding the
+    start ``2**k`` groups ahead (``n``, which maps to itself, past the chain's next restart): ``log2`` of the
+    longest chain between two restarts rounds.
+    """
+    B, T = shape
+    n = B * T
+    is_start = torch.empty(n + 1, dtype=torch.bool, device=end.device)
+    is_start[0] = True
+    is_start[1:] = alone
+    is_start[:n:T] = True  # each row's first position
+    jump = torch.empty(n + 1, dtype=end.dtype, device=end.device)
+    torch.add(end, 1, out=jump[:n])
+    jump[n] = n
+    jump.masked_fill_(_take(is_start, jump), n)  # a restart (or the next row) stops the chain
+    frontier = torch.nonzero(is_start[:n] & (jump[:n] < n)).squeeze(1).to(end.dtype)  # the chains that go on
+    while frontier.numel():
+        ahead = _take(jump, frontier)
+        going = ahead < n  # a chain that stops within 2**k groups stops within 2**(k+1) too
+        is_start[ahead[going]] = True
+        frontier = torch.cat([frontier[going], ahead[going]])
+        jump = _take(jump, jump)  # twice as many groups ahead
+    ends = torch.empty((B, T), dtype=torch.bool, device=end.device)
+    ends[:, :-1] = is_start[:n].view(B, T)[:, 1:]
+    ends[:, -1] = True
+    return ends
+
+
+def group_starts(ends: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Each group's first valid token: the one definition of it in the package (the pass, the group ids and the
+    critic mask all come from here). (B, T) bool, True at a valid position that is the first of its response
+    or follows a True of ``ends`` (B, T) bool, which must be True at each group's last token and at every
+    masked position."""
+    starts = torch.empty_like(valid)
+    starts[:, :1] = valid[:, :1]
+    torch.logical_and(valid[:, 1:], ends[:, :-1], out=starts[:, 1:])
+    return starts
+
+
+def ids_from_starts(starts: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Step 3's ids from the groups' first tokens ``starts`` (B, T) bool: long (B, T), 1-based, 0 where
+    ``valid`` (B, T) bool is False."""
+    return torch.cumsum(starts, dim=1, dtype=torch.int32).masked_fill_(~valid, 0).long()
+
+
+# --------------------------------------------------------------------------------------------------
+# step 4: segment GAE, for the critic's returns and, by the policy side, for the advantages
+
+
+def segment_gae_step(delta: torch.Tensor, values: torch.Tensor, groups: Groups, batch: Batch,
+                     settings: AlgorithmSettings, lam: Union[float, torch.Tensor]) -> tuple[torch.Tensor, _PolicyX]:
+    """Step 4 from the TD residuals ``delta`` (B, T) and ``values`` (B, T): the critic's returns (B, T) (segment GAE
+    with the groups' cuts and ``critic_lam``) and the advantages' X, made as the policy side asks. The one place
+    ``policy_loss_on`` and ``within_group`` are read:
+
+    - ``policy_loss_on: endpoints``: token-level GAE with ``lam`` (every token cut), which step 6 normalises
+      over every valid token and step 7 keeps at the group endpoints only;
+    - ``within_group: per_token``: the groups' segment GAE with ``lam``, each token keeping its own X;
+    - else (``broadcast``): the groups' segment GAE with ``lam``, X at each group's first token written to
+      every token of the group (:func:`_broadcast_from_starts`).
+    """
+    params, ends, gamma, invalid = settings.group, groups.ends, settings.gamma, batch.invalid
+    critic_x = segment_scan(delta, ends, invalid, gamma, settings.critic_lam)
+    returns = torch.add(critic_x, values).masked_fill_(invalid, 0.0)
+    if params.policy_loss_on == "endpoints":  # token-level GAE
+        x = segment_scan(delta, torch.ones_like(ends), invalid, gamma, lam)
+        return returns, _PolicyX(x, batch.valid, groups.endpoint_mask)
+    same = isinstance(lam, float) and lam == settings.critic_lam
+    x = critic_x if same else segment_scan(delta, ends, invalid, gamma, lam)
+    if params.within_group == "per_token":
+        return returns, _PolicyX(x, groups.first, None)
+    return returns, _PolicyX(_broadcast_from_starts(x, groups), groups.first, None)
+
+
+def segment_scan(delta: torch.Tensor, ends: torch.Tensor, invalid: torch.Tensor, gamma: float,
+                 lam: Union[float, torch.Tensor]) -> torch.Tensor:
+    """Segment GAE's X (B, T), a new tensor, from the TD residuals ``delta`` (B, T), 0 at masked positions.
+
+    ``X_i = delta_i + gamma * (lam if i is an end else 1) * X_{i+1}`` backward over valid positions, X after the
+    last = 0; masked positions pass X through (their residual is 0, their factor 1). ``ends`` (B, T) bool marks
+    the ends; ``lam`` is a float or a (B,) tensor of per-response lambdas. The scan runs in float64 (float32's
+    rounding, compounded over the scan's levels, would reach 1e-5 of the result at 32,768 tokens and lam near 1).
+    """
+    if isinstance(lam, float) and gamma == 1.0 and lam == 1.0:  # every factor 1: a reversed cumulative sum
+        return delta.flip(1).cumsum(1).flip(1)
+    lam_ = lam.unsqueeze(1).double() if isinstance(lam, torch.Tensor) else lam
+    factor = torch.where(ends, gamma * lam_, torch.full((), gamma, dtype=torch.float64, device=delta.device))
+    return _affine_scan(factor.masked_fill_(invalid, 1.0), delta.double()).to(delta.dtype)
+
+
+def _affine_scan(factor: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``X_i = x_i + factor_i * X_{i+1}`` along the last dimension, ``X`` past the end = 0: (R, T) -> (R, T), new.
+
+    The maps ``X -> x_i + factor_i X`` compose associatively. Each level composes neighbouring pairs (i even: the
+    pair's map ``X -> x_i + factor_i x_{i+1} + factor_i factor_{i+1} X``), solves the half-length problem the same
+    way, and reads X at the odd positions off the solved even ones: ``log2(T)`` levels, about 2 T compositions in
+    all, products of factors only (no division).
+    """
+    R, T = x.shape
+    if T <= 1:
+        return x.clone()
+    if T % 2:  # one more position, the identity map (factor 1, residual 0)
+        factor = torch.cat([factor, factor.new_ones((R, 1))], 1)
+        x = torch.cat([x, x.new_zeros((R, 1))], 1)
+    a_even, a_odd, x_even, x_odd = factor[:, 0::2], factor[:, 1::2], x[:, 0::2], x[:, 1::2]
+    pair_x = torch.addcmul(x_even, a_even, x_odd)
+    pair_x = _affine_scan(a_even * a_odd, pair_x)  # X at the even positions
+    out = torch.empty_like(x)
+    out[:, 0::2] = pair_x
+    out[:, 1:-1:2] = torch.addcmul(x_odd[:, :-1], a_odd[:, :-1], pair_x[:, 1:])
+    out[:, -1] = x_odd[:, -1]
+    return out if out.shape[1] == T else out[:, :T].contiguous()
+
+
+def _broadcast_from_starts(x: torch.Tensor, groups: Groups) -> torch.Tensor:
+    """(B, T), a new tensor: every position carries X of ``x`` (B, T) at the first token of its group (A_k = X at
+    s_k), found by the running count of group starts; masked positions carry their previous group's."""
+    heads = x.reshape(-1)[groups.slots]
+    if heads.numel() == 0:
+        return torch.zeros_like(x)
+    group = torch.cumsum(groups.first.view(-1), 0, dtype=_index_dtype(x.numel())).sub_(1).clamp_(min=0)
+    return _take(heads, group).view_as(x)  # each position's group, counted in flat order
+
+
+# --------------------------------------------------------------------------------------------------
+# steps 6 and 7: normalisation, the endpoint loss
+
+
+def _normalize_advantages_(x: torch.Tensor, batch: Batch, settings: AlgorithmSettings,
+                           stats_at: torch.Tensor) -> None:
+    """Step 6, in place on the advantages ``x`` (B, T): 0 at masked positions, then per ``adv_norm``.
+
+    ``batch``: verl's ``masked_whiten`` over valid tokens (mean = sum / (n + 1e-8), Bessel-corrected
+    variance, ``(x - mean) * rsqrt(var + 1e-8)``), skipped with fewer than 2 valid tokens.
+    ``prompt``: per prompt id, mean and Bessel std over the advantages at ``stats_at`` (B, T) bool (one
+    position per group: each group once; a prompt with one group gets mean 0, std 1);
+    ``(A - mean) / (std + eps)``, or ``A - mean`` without std scaling.
+    """
+    invalid, mode = batch.invalid, settings.group.adv_norm
+    x.masked_fill_(invalid, 0.0)
+    if mode == "batch" and batch.n_valid >= 2:
+        n = batch.n_valid
+        mean = x.sum() / (n + 1e-8)
+        x.sub_(mean).masked_fill_(invalid, 0.0)
+        var = sum_of_squares(x) / (n + 1e-8) * (n / (n - 1))
+        x.mul_(1.0 / math.sqrt(var + 1e-8)).masked_fill_(invalid, 0.0)
+    elif mode == "prompt":
+        _normalize_by_prompt_(x, batch, stats_at, settings.norm_adv_by_std_in_grpo, settings.group.group_epsilon)
+
+
+def _normalize_by_prompt_(x: torch.Tensor, batch: Batch, stats_at: torch.Tensor, norm_by_std: bool,
+                          eps: float) -> None:
+    """``adv_norm: prompt`` in place on ``x`` (B, T), 0 at masked positions (see :func:`_normalize_advantages_`)."""
+    flat = torch.nonzero(stats_at.reshape(-1)).squeeze(1)
+    group_adv, index = x.view(-1)[flat], batch.index
+    row_pid = torch.as_tensor(index, device=x.device)
+    pid = row_pid[flat // x.shape[1]]
+    n_prompts = int(index.max()) + 1 if len(index) else 0
+    count = torch.bincount(pid, minlength=n_prompts).to(x.dtype)
+    total = torch.zeros(n_prompts, dtype=x.dtype, device=x.device).index_add_(0, pid, group_adv)
+    mean = torch.where(count > 1, total / count.clamp(min=1), 0.0)
+    sq = torch.zeros_like(mean).index_add_(0, pid, (group_adv - mean[pid]) ** 2)
+    std = torch.where(count > 1, (sq / (count - 1).clamp(min=1)).sqrt(), 1.0)
+    x.sub_(mean[row_pid].unsqueeze(1))
+    if norm_by_std:
+        x.div_(std[row_pid].unsqueeze(1) + eps)
+    x.masked_fill_(batch.invalid, 0.0)
+
+
+def _keep_endpoints_(x: torch.Tensor, endpoints: torch.Tensor, batch: Batch) -> None:
+    """Step 7's endpoint loss (``policy_loss_on: endpoints``), in place on the normalised advantages ``x``
+    (B, T): 0 off ``endpoints`` (B, T) bool, ``N_valid / N_endpoints`` times itself on them (both counted
+    over the batch), so that verl's token-mean over the valid tokens is the mean over the endpoints."""
+    n_endpoints = int(torch.count_nonzero(endpoints))
+    x.masked_fill_(~endpoints, 0.0)
+    if n_endpoints:
+        x.mul_(batch.n_valid / n_endpoints)
+
+
+def _index_dtype(size: int) -> torch.dtype:
+    """int32 for flat indices below ``size`` when it fits (half the memory of int64), else int64."""
+    return torch.int32 if size < 2**31 else torch.int64
+
+
+def _take(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``table[index]`` for a 1-D ``table`` (numpy's ``take`` on CPU, several times faster there than torch's)."""
+    if table.device.type == "cpu":
+        return torch.from_numpy(np.take(table.numpy(), index.numpy()))
+    return table[index]
