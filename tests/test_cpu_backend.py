@@ -60,10 +60,12 @@ print(json.dumps(state))
 def test_backend_is_inert_without_verl_platform_cpu():
     """VERL_PLATFORM unset: importing verl loads our plugin, which changes neither torch nor the environment and
     installs no CPU platform; only the parts for every platform are there once verl imports their modules: the
-    ``hf`` rollout, registered by name without importing it, and the critic's value-model loader."""
+    ``hf`` rollout, registered by name without importing it, the critic's value-model loader, and the start-up checks
+    that read the config (``cpu.checks``: is there an accelerator or the CPU backend)."""
     state = cpu_utils.run_python(STATE_PROBE, platform=None)
     assert state["plugin_loaded"], "the verl-group-ppo plugin did not load; this test would prove nothing"
-    assert set(state["backend_modules"]) <= {"verl_group_ppo.cpu.patching", "verl_group_ppo.cpu.valuehead"}
+    assert set(state["backend_modules"]) <= {"verl_group_ppo.cpu.patching", "verl_group_ppo.cpu.valuehead",
+                                             "verl_group_ppo.cpu.checks"}
     assert state["env_added"] == []
     assert not state["cpu_platform_registered"]
     assert state["hf_adapter"] == hf_rollout.ADAPTER_PATH and state["hf_replica"]

@@ -32,7 +32,6 @@ from verl_group_ppo.config import GROUP_PARAMS_PATH, check_critic_loss_agg_mode,
 from verl_group_ppo.cpu.checks import check_accelerator, check_cpu_sequence_parallel
 from verl_group_ppo.integration import ESTIMATOR_NAME
 from verl_group_ppo.integration.failures import raise_if_install_failed
-from verl_group_ppo.values.limits import check_value_source_config
 
 UNSUPPORTED_ENTRY_POINTS = {
     "verl.experimental.fully_async_policy": "fully_async_policy",
@@ -80,6 +79,8 @@ def check_group_ppo_config(config: Any) -> None:
             f"critic.enable=true: {GROUP_PARAMS_PATH}.value_source={source} takes the boundary values without a "
             "critic, so a critic would train and never be read; remove critic.enable (GROUP-PPO decides) or set "
             "it to false.")
+    from verl_group_ppo.values.limits import check_value_source_config  # values/ imports the core: not at import
+
     check_value_source_config(config)
     if settings.group.uses_critic and settings.group.critic_loss_on == "boundaries":
         check_critic_loss_agg_mode(select(config, "critic.loss_agg_mode", "token-mean"))
