@@ -107,3 +107,100 @@ def test_tree_endpoints_cut_at_every_branch_point_of_the_row():
 def test_tree_token_counts():
     assert tree_token_counts(torch.tensor([5, 4, 3]), torch.tensor([5, 1, 2])) == {
         "group/tree_generated_tokens": 8.0, "group/tree_path_tokens": 12.0}
+
+
+# ------------------------------------------------------------------ the samples of one prompt meeting in memory
+
+import asyncio
+import random
+
+from verl_group_ppo.tree.coordinator import TreeRegistry, sample_in_tree
+
+
+class FakeServer:
+    """Counts requests and tokens; replies are random tokens of a random length, each with log-prob -token/100,
+    after a random delay (so samples finish out of order)."""
+
+    def __init__(self, seed, max_len=12, eos_early=True):
+        self.rng = random.Random(seed)
+        self.requests = []
+        self.max_len = max_len
+        self.eos_early = eos_early
+
+    async def generate(self, token_ids, max_tokens):
+        await asyncio.sleep(self.rng.random() / 1000)
+        limit = self.max_len if max_tokens is None else min(max_tokens, self.max_len)
+        length = self.rng.randint(1, limit) if self.eos_early else limit
+        ids = [self.rng.randint(10, 99) for _ in range(length)]
+        self.requests.append((list(token_ids), max_tokens, len(ids)))
+        return Reply(ids=ids, mask=[1] * length, log_probs=[-t / 100 for t in ids])
+
+
+async def _run_tree(shape, server, response_length=12, prompt=(1, 2, 3), n=None):
+    registry = TreeRegistry()
+    plans = tree_plan(shape, n)
+    tree = registry.tree(("uid", 0))
+    order = list(plans)
+    random.Random(0).shuffle(order)  # verl starts the tasks in session order; any order must work
+    results = await asyncio.gather(*[
+        sample_in_tree(tree, p, shape, list(prompt), server.generate, response_length) for p in order])
+    for _ in plans:
+        registry.finished(("uid", 0), len(plans))
+    assert len(registry) == 0
+    return {p.index: r for p, r in zip(order, results)}
+
+
+@pytest.mark.parametrize("shared_prefix", ["once", "per_leaf"])
+@pytest.mark.parametrize("rule", ["fixed", "low_prob"])
+@pytest.mark.parametrize("seed", range(5))
+def test_every_row_copies_its_parent_up_to_the_branch_point_and_generates_only_its_tail(seed, rule, shared_prefix):
+    shape = TreeShape(roots=2, branching=(2, 2), segment_tokens=3, branch_rule=rule, window=3,
+                      shared_prefix=shared_prefix)
+    server = FakeServer(seed)
+    rows = asyncio.run(_run_tree(shape, server))
+    assert sorted(rows) == list(range(8))
+    plans = {p.index: p for p in tree_plan(shape)}
+    for i, row in rows.items():
+        if plans[i].parent is None:
+            assert row.parent == -1 and row.position == 0 and row.generated == len(row.reply.ids)
+            continue
+        parent = rows[row.parent].reply
+        q = row.position
+        assert row.parent == plans[i].parent
+        assert row.reply.ids[:q] == parent.ids[:q]
+        assert row.reply.log_probs[:q] == parent.log_probs[:q]
+        assert row.generated == len(row.reply.ids) - q >= 1
+        assert row.reply.mask[:q] == ([0] * q if shared_prefix == "once" else [1] * q)
+        assert row.reply.mask[q:] == [1] * row.generated
+        if rule == "fixed":
+            assert q == min(plans[i].nominal_position, len(parent.ids) - 1)
+        assert len(row.reply.ids) <= 12
+    # one request per sample, from prompt + the parent's prefix, for at most the room left
+    assert len(server.requests) == 8
+    asked = sorted((tuple(ids), -1 if mt is None else mt) for ids, mt, _ in server.requests)
+    expected = sorted((tuple([1, 2, 3] + rows[r.parent].reply.ids[:r.position]) if r.parent >= 0 else (1, 2, 3),
+                       12 - r.position if r.parent >= 0 else -1) for r in rows.values())
+    assert asked == expected
+    assert sum(n for _, _, n in server.requests) == sum(r.generated for r in rows.values())
+
+
+def test_a_full_tree_generates_fewer_tokens_than_its_rows_hold():
+    shape = TreeShape(roots=2, branching=(2, 2), segment_tokens=3)
+    rows = asyncio.run(_run_tree(shape, FakeServer(1, eos_early=False)))
+    generated = sum(r.generated for r in rows.values())
+    path = sum(len(r.reply.ids) for r in rows.values())
+    # 2 roots x 12, 2 level-1 branches x 9, 4 level-2 branches x 6
+    assert (generated, path) == (2 * 12 + 2 * 9 + 4 * 6, 8 * 12)
+
+
+def test_a_failed_parent_fails_its_children_and_a_partial_tree_runs():
+    shape = TreeShape(roots=1, branching=(2,), segment_tokens=2)
+
+    async def broken(token_ids, max_tokens):
+        raise RuntimeError("server down")
+
+    with pytest.raises(RuntimeError, match="server down"):
+        asyncio.run(_run_tree(shape, type("S", (), {"generate": staticmethod(broken)})()))
+    # validation asking fewer samples than the tree holds: the first k samples are a tree of their own
+    rows = asyncio.run(_run_tree(TreeShape(roots=2, branching=(2, 2)), FakeServer(3), n=3))
+    assert [rows[i].parent for i in range(3)] == [-1, 0, 0]
