@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from verl_group_ppo.tree import Reply, TreeShape, branch_position, child_reply, tree_plan
-from verl_group_ppo.tree.segments import tree_endpoints, tree_token_counts
+from verl_group_ppo.tree.cost import tree_token_counts
+from verl_group_ppo.values.prefix_tree import branch_endpoints
 
 
 def test_shape_gives_roots_times_branching_samples_and_refuses_another_n():
@@ -93,14 +94,14 @@ def test_tree_endpoints_cut_at_every_branch_point_of_the_row():
     # root 0; 1 branches from 0 at 3; 2 branches from 0 at 1; a second prompt's row shares nothing with them
     replies = [[1, 2, 3, 4, 5], [1, 2, 3, 9], [1, 7, 7], [1, 2, 3, 4, 5]]
     ids, exists = _rows(replies, 6)
-    ends = tree_endpoints(ids, exists, exists, ["a", "a", "a", "b"])
+    ends = branch_endpoints(ids, exists, exists, ["a", "a", "a", "b"])
     assert ends[0].nonzero().flatten().tolist() == [0, 2, 4]
     assert ends[1].nonzero().flatten().tolist() == [0, 2, 3]
     assert ends[2].nonzero().flatten().tolist() == [0, 2]
     assert ends[3].nonzero().flatten().tolist() == [4]
     once = exists.clone()
     once[1, :3] = 0  # row 1 trains only its tail
-    ends = tree_endpoints(ids, exists, once, ["a", "a", "a", "b"])
+    ends = branch_endpoints(ids, exists, once, ["a", "a", "a", "b"])
     assert ends[1].nonzero().flatten().tolist() == [3]
 
 
@@ -204,3 +205,121 @@ def test_a_failed_parent_fails_its_children_and_a_partial_tree_runs():
     # validation asking fewer samples than the tree holds: the first k samples are a tree of their own
     rows = asyncio.run(_run_tree(TreeShape(roots=2, branching=(2, 2)), FakeServer(3), n=3))
     assert [rows[i].parent for i in range(3)] == [-1, 0, 0]
+
+
+# ------------------------------------------------------------------ the estimator on a tree
+
+from verl_group_ppo.config import AlgorithmSettings, GroupParams
+from verl_group_ppo.core_algos import compute_group_ppo_outputs
+from verl_group_ppo.values import BatchFields, boundary_values
+
+
+def _tree_batch(seed, shared_prefix, prompts=2):
+    """Rows of ``prompts`` trees (roots=2, branching=[2, 2], segments of 3), a deterministic reward per reply."""
+    shape = TreeShape(roots=2, branching=(2, 2), segment_tokens=3, shared_prefix=shared_prefix)
+    replies, masks, uids = [], [], []
+    for p in range(prompts):
+        rows = asyncio.run(_run_tree(shape, FakeServer(seed * 10 + p, max_len=10), response_length=10))
+        for i in range(shape.size):
+            replies.append(rows[i].reply.ids)
+            masks.append(rows[i].reply.mask)
+            uids.append(f"p{p}")
+    width = max(len(r) for r in replies)
+    ids, exists = _rows(replies, width)
+    mask = torch.zeros_like(exists)
+    for b, m in enumerate(masks):
+        mask[b, :len(m)] = torch.tensor(m)
+    scores = torch.tensor([float(sum(r) % 3 == 0) + 0.25 * (r[-1] % 2) for r in replies])
+    rewards = torch.zeros((len(replies), width))
+    for b, r in enumerate(replies):
+        rewards[b, len(r) - 1] = scores[b]
+    return replies, uids, ids, exists, mask, scores, rewards
+
+
+def _loop_value(replies, uids, scores, b, t):
+    """Mean reward of the prompt's replies whose first t tokens are reply b's (a plain loop)."""
+    same = [j for j in range(len(replies)) if uids[j] == uids[b] and len(replies[j]) >= t
+            and replies[j][:t] == replies[b][:t]]
+    return sum(float(scores[j]) for j in same) / len(same)
+
+
+@pytest.mark.parametrize("policy_lam", [0.0, 1.0])
+@pytest.mark.parametrize("shared_prefix", ["once", "per_leaf"])
+@pytest.mark.parametrize("seed", range(4))
+def test_tree_segments_get_the_advantages_a_plain_loop_over_the_tree_gives(seed, shared_prefix, policy_lam):
+    """gamma = 1: with policy_lam = 0 a segment's advantage is V(child) - V(parent) (SPO-tree), with policy_lam = 1
+    it is the row's own reward minus V(parent)."""
+    replies, uids, ids, exists, mask, scores, rewards = _tree_batch(seed, shared_prefix)
+    settings = AlgorithmSettings(gamma=1.0, lam=1.0, group=GroupParams(
+        value_source="prefix_tree", boundary_rule="tree", policy_lam=policy_lam, adv_norm="none"))
+    fields = BatchFields(response_mask=mask, reply_lengths=exists.sum(dim=1), responses=ids, scores=scores, uid=uids)
+    bv = boundary_values(settings, fields)
+    assert bv.endpoints is not None
+    out = compute_group_ppo_outputs(rewards, mask.float(), values=bv.values, settings=settings, index=uids,
+                                    endpoints=bv.endpoints)
+    for b, reply in enumerate(replies):
+        L = len(reply)
+        for t in range(L):
+            assert float(bv.values[b, t]) == pytest.approx(_loop_value(replies, uids, scores, b, t))
+        # the row's branch points: where another reply of its prompt parts from it
+        cuts = sorted({next((t for t in range(min(L, len(o))) if o[t] != reply[t]), min(L, len(o)))
+                       for j, o in enumerate(replies) if j != b and uids[j] == uids[b]} - {0})
+        cuts = [t for t in cuts if t < L]
+        starts = [0] + cuts
+        for s, e in zip(starts, starts[1:] + [L]):
+            end_value = float(scores[b]) if e == L or policy_lam == 1.0 else _loop_value(replies, uids, scores, b, e)
+            expected = end_value - _loop_value(replies, uids, scores, b, s)
+            for t in range(s, e):
+                if mask[b, t]:
+                    assert float(out.advantages[b, t]) == pytest.approx(expected, abs=1e-6), (b, s, e, t)
+
+
+def test_tree_rule_is_refused_without_prefix_tree_values_or_endpoints():
+    with pytest.raises(ValueError, match="boundary_rule='tree' does not combine with .*value_source='critic'"):
+        GroupParams(boundary_rule="tree")
+    with pytest.raises(ValueError, match="value_source='mc'"):
+        GroupParams(boundary_rule="tree", value_source="mc")
+    settings = AlgorithmSettings(group=GroupParams(value_source="prefix_tree", boundary_rule="tree"))
+    with pytest.raises(ValueError, match="endpoints is required by boundary_rule='tree'"):
+        compute_group_ppo_outputs(torch.zeros(2, 3), torch.ones(2, 3), values=torch.zeros(2, 3), settings=settings,
+                                  index=["a", "a"])
+
+
+# ------------------------------------------------------------------ start-up refusals
+
+from verl_group_ppo.tree.limits import check_tree_config
+from verl_group_ppo.values.limits import check_value_source_config
+
+
+def _config(n=8, agent="tree_single_turn", tree=None, **rollout):
+    cfg = {"actor_rollout_ref": {"rollout": {"n": n, "agent": {"default_agent_loop": agent},
+                                             "calculate_log_probs": True, **rollout}},
+           "algorithm": {"adv_estimator": "grpo"}}
+    if tree is not None:
+        cfg["tree_rollout"] = tree
+    return cfg
+
+
+def test_tree_settings_are_checked_before_ray_starts():
+    check_tree_config(_config(tree={"roots": 2, "branching": [2, 2]}))
+    check_tree_config(_config(agent="single_turn_agent"))
+    with pytest.raises(ValueError, match=r"actor_rollout_ref.rollout.n=4 .*tree_rollout.roots"):
+        check_tree_config(_config(n=4))
+    with pytest.raises(ValueError, match="tree_rollout.branching"):
+        check_tree_config(_config(tree={"branching": [1]}))
+    with pytest.raises(ValueError, match="multi_turn.enable"):
+        check_tree_config(_config(multi_turn={"enable": True}))
+    with pytest.raises(ValueError, match="calculate_log_probs"):
+        check_tree_config(_config(tree={"branch_rule": "low_prob"}, calculate_log_probs=False))
+    with pytest.raises(ValueError, match="tree_rollout is set but .*default_agent_loop"):
+        check_tree_config(_config(agent="single_turn_agent", tree={"roots": 2}))
+
+
+def test_tree_boundary_rule_needs_the_tree_rollout():
+    cfg = _config(agent="single_turn_agent")
+    cfg["algorithm"] = {"adv_estimator": "group_ppo",
+                        "group_params": {"value_source": "prefix_tree", "boundary_rule": "tree"}}
+    with pytest.raises(ValueError, match="boundary_rule=tree .*default_agent_loop='single_turn_agent'"):
+        check_value_source_config(cfg)
+    cfg["actor_rollout_ref"]["rollout"]["agent"]["default_agent_loop"] = "tree_single_turn"
+    check_value_source_config(cfg)

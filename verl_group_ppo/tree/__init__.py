@@ -6,7 +6,7 @@ module                            holds
 :mod:`.shape`                     :class:`TreeShape` (the ``tree_rollout`` keys), :func:`tree_plan` (who
                                   branches from whom), :func:`branch_position` (where)
 :mod:`.assemble`                  :func:`child_reply`: a child's row from its parent's prefix and its tail
-:mod:`.segments`                  the tree's segments as group endpoints; the tree's token counts
+:mod:`.cost`                      the tree's token counts (``group/tree_*`` metrics)
 :mod:`.coordinator`               :func:`sample_in_tree`, a prompt's samples meeting in a :class:`TreeRegistry`
 :mod:`.agent_loop` (verl glue)    the ``tree_single_turn`` agent loop
 ================================  =====================================================================
