@@ -323,3 +323,33 @@ def test_tree_boundary_rule_needs_the_tree_rollout():
         check_value_source_config(cfg)
     cfg["actor_rollout_ref"]["rollout"]["agent"]["default_agent_loop"] = "tree_single_turn"
     check_value_source_config(cfg)
+
+
+@pytest.mark.parametrize("shared_prefix", ["once", "per_leaf"])
+def test_the_worked_example_of_algorithm_md(shared_prefix):
+    a, b, c, d, e, f, g, x, h, i, j, k = range(10, 22)
+    replies = [[a, b, c, d, e], [a, b, c, f, g], [x, h], [x, i, j, k]]
+    copied = [0, 3, 0, 1]
+    ids, exists = _rows(replies, 5)
+    mask = exists.clone()
+    if shared_prefix == "once":
+        for row, q in enumerate(copied):
+            mask[row, :q] = 0
+    scores = torch.tensor([1.0, 0.0, 0.0, 0.0])
+    rewards = torch.zeros(4, 5)
+    for row, r in enumerate(replies):
+        rewards[row, len(r) - 1] = scores[row]
+    settings = AlgorithmSettings(gamma=1.0, lam=1.0, group=GroupParams(
+        value_source="prefix_tree", boundary_rule="tree", policy_lam=0.0, adv_norm="none"))
+    uid = ["p"] * 4
+    bv = boundary_values(settings, BatchFields(response_mask=mask, reply_lengths=exists.sum(dim=1), responses=ids,
+                                               scores=scores, uid=uid))
+    out = compute_group_ppo_outputs(rewards, mask.float(), values=bv.values, settings=settings, index=uid,
+                                    endpoints=bv.endpoints)
+    table = [[0.25] * 3 + [0.5] * 2, [0.25] * 3 + [-0.5] * 2, [-0.25, 0.0], [-0.25, 0.0, 0.0, 0.0]]
+    for row, expected in enumerate(table):
+        got = [round(float(out.advantages[row, t]), 6) if mask[row, t] else None for t in range(len(expected))]
+        assert got == [None if not mask[row, t] else v for t, v in enumerate(expected)], row
+    generated = torch.tensor([len(r) - q for r, q in zip(replies, copied)])
+    assert tree_token_counts(exists.sum(dim=1), generated) == {"group/tree_generated_tokens": 12.0,
+                                                                "group/tree_path_tokens": 16.0}
