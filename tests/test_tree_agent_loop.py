@@ -101,3 +101,18 @@ def test_rows_copy_their_parents_prefix_and_the_server_generates_only_tails(toke
     copied = sum(len(ids) - len(prompt) for ids, _ in server.requests)  # prefixes sent to the server
     assert sum(r.extra_fields["tree_generated_tokens"] for r in rows) + copied == sum(
         len(r.response_ids) for r in rows)
+
+
+def test_tree_metrics_read_the_rows_as_verl_stores_them():
+    import torch
+    from verl.utils.tensordict_utils import list_of_dict_to_tensordict
+
+    from verl_group_ppo.integration.trainer import tree_metrics
+
+    rows = [{"response_mask": torch.ones(n, dtype=torch.int64), "extra_fields": {"tree_generated_tokens": g}}
+            for n, g in ((5, 5), (5, 2), (2, 2), (4, 3))]
+    assert tree_metrics(list_of_dict_to_tensordict(rows)) == {"group/tree_generated_tokens": 12.0,
+                                                               "group/tree_path_tokens": 16.0}
+    rows[1]["extra_fields"] = {}
+    with pytest.raises(RuntimeError, match="1 of 4 rows carry no tree position"):
+        tree_metrics(list_of_dict_to_tensordict(rows))

@@ -237,7 +237,8 @@ def fetch(batch: KVBatchMeta, fields: list[str], optional: Sequence[str] = ()) -
 def tree_metrics(data: Any) -> dict[str, float]:
     """``group/tree_generated_tokens`` and ``group/tree_path_tokens`` from the rows' ``extra_fields`` (the tree
     rollout records each row's own generated tokens there) and their jagged ``response_mask``."""
-    extra = data["extra_fields"].tolist()
+    stored = data.get("extra_fields")  # a NonTensorStack of the rows' dicts
+    extra = stored.tolist() if hasattr(stored, "tolist") else list(stored)
     missing = [i for i, fields in enumerate(extra) if "tree_generated_tokens" not in (fields or {})]
     if missing:
         raise RuntimeError(f"{len(missing)} of {len(extra)} rows carry no tree position in extra_fields: the rows "
