@@ -47,7 +47,9 @@ class FakeServerManager:
         limit = min(sampling_params.get("max_tokens", RESPONSE_LENGTH), RESPONSE_LENGTH)
         ids = [self.rng.randrange(5, self.vocab) for _ in range(self.rng.randint(1, limit))]
         self.requests.append((list(prompt_ids), dict(sampling_params)))
-        return TokenOutput(token_ids=ids, log_probs=[-0.01 * t for t in ids])
+        step = self.rng.randint(1, 3)  # the weight version the server held
+        return TokenOutput(token_ids=ids, log_probs=[-0.01 * t for t in ids],
+                           extra_fields={"min_global_steps": step, "max_global_steps": step})
 
 
 def _config(shape: dict, n: int):
@@ -87,6 +89,7 @@ def test_rows_copy_their_parents_prefix_and_the_server_generates_only_tails(toke
         extra = row.extra_fields
         assert row.prompt_ids == prompt
         assert extra["tree_parent"] == (-1 if plans[i].parent is None else plans[i].parent)
+        assert 1 <= extra["min_global_steps"] <= extra["max_global_steps"] <= 3
         q = extra["tree_branch_position"]
         assert extra["tree_generated_tokens"] == len(row.response_ids) - q >= 1
         assert len(row.response_ids) == len(row.response_mask) == len(row.response_logprobs) <= RESPONSE_LENGTH
@@ -95,6 +98,9 @@ def test_rows_copy_their_parents_prefix_and_the_server_generates_only_tails(toke
             assert row.response_ids[:q] == parent.response_ids[:q]
             assert row.response_logprobs[:q] == parent.response_logprobs[:q]
             assert row.response_mask[:q] == ([0] * q if shared_prefix == "once" else [1] * q)
+            # the prefix's weight versions count: verl's staleness control reads these from every row
+            assert extra["min_global_steps"] <= parent.extra_fields["min_global_steps"]
+            assert extra["max_global_steps"] >= parent.extra_fields["max_global_steps"]
             assert (prompt + row.response_ids[:q], RESPONSE_LENGTH - q) in [
                 (ids, params.get("max_tokens")) for ids, params in server.requests]
         assert row.response_mask[q:] == [1] * (len(row.response_ids) - q)

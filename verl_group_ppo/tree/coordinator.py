@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Awaitable, Callable, Hashable, Optional
+from typing import Any, Awaitable, Callable, Hashable, Optional
 
 from verl_group_ppo.tree.assemble import Reply, child_reply
 from verl_group_ppo.tree.shape import SamplePlan, TreeShape, branch_position
@@ -57,6 +57,9 @@ class Tree:
     def __init__(self) -> None:
         self._replies: dict[int, asyncio.Future] = {}
         self.finished: set[int] = set()
+        self.notes: dict[int, Any] = {}
+        """What the caller records per sample for its children to read (the verl glue: the span of weight
+        versions that generated the sample's reply, prefix included)."""
 
     def _future(self, index: int) -> asyncio.Future:
         if index not in self._replies:
