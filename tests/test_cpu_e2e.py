@@ -512,3 +512,32 @@ def test_mc_continues_replies_through_verls_vllm_rollout(small_model_task, tmp_p
     for step, m in steps.items():
         assert m["group/mc_responses"] == 2 * (m["group/num_groups"] - 8 * 4) > 0, (step, m)
         assert m["group/mc_tokens"] > 0, (step, m)
+
+
+@pytest.mark.slow
+def test_launcher_rollout_tree_sets_the_tree_agent_loop_its_shape_and_the_segment_rule(tmp_path, monkeypatch):
+    monkeypatch.setenv("ROLLOUT", "tree")
+    monkeypatch.setenv("VALUE_SOURCE", "prefix_tree")
+    args = _launcher_args(tmp_path)
+    assert "actor_rollout_ref.rollout.agent.default_agent_loop=tree_single_turn" in args
+    n = int(_arg_value(args, "actor_rollout_ref.rollout.n"))
+    roots, branching = int(_arg_value(args, "++tree_rollout.roots")), _arg_value(args, "++tree_rollout.branching")
+    assert (roots, branching) == ((n // 4, "[2,2]") if n % 4 == 0 and n >= 8 else (n // 2, "[2]"))
+    assert "++algorithm.group_params.boundary_rule=tree" in args and "++algorithm.group_params.policy_lam=0.0" in args
+    assert not any(a.startswith("++algorithm.group_params.group_max_size") for a in args)
+    own = _launcher_args(tmp_path, "++tree_rollout.roots=1")
+    assert not any(a.startswith("++tree_rollout.branching") for a in own)
+
+
+@pytest.mark.slow
+def test_tree_rollout_with_prefix_tree_values_trains_without_a_critic_on_fewer_generated_tokens(tiny_task,
+                                                                                                 monkeypatch):
+    # ROLLOUT=tree VALUE_SOURCE=prefix_tree: each prompt's 4 replies are one tree (2 roots, branching [2]), each
+    # reply generating only its tail; groups are the tree's segments
+    monkeypatch.setenv("ROLLOUT", "tree")
+    monkeypatch.setenv("VALUE_SOURCE", "prefix_tree")
+    steps, output = run_main_ppo_logged(tiny_task, "group_ppo")
+    assert_trained(steps, [1, 2], critic=False)
+    assert "boundary_rule=tree" in output
+    for step, m in steps.items():
+        assert 0 < m["group/tree_generated_tokens"] < m["group/tree_path_tokens"], (step, m)

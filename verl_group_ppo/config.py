@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping, Optional
 
-BOUNDARY_RULES = ("variance", "fixed", "low_prob", "turn")
+BOUNDARY_RULES = ("variance", "fixed", "low_prob", "turn", "tree")
 VALUE_SOURCES = ("critic", "mc", "prefix_tree")
 DEFAULT_BOUNDARY_RULE = {"critic": "variance", "mc": "fixed", "prefix_tree": "fixed"}
 """The boundary rule each value source takes when ``boundary_rule`` is null (docs/algorithm.md, "Value sources")."""
@@ -53,9 +53,10 @@ class GroupParams:
     min_threshold: float = _help("Lower bound for the adapted tau.", 0.1)
     max_threshold: float = _help("Upper bound for the adapted tau.", 10.0)
     boundary_rule: Optional[str] = _help(
-        "Endpoint rule: 'variance' (TD-variance budget), 'fixed', 'low_prob' or 'turn' (one group per turn, "
-        "group_max_size unused; turns capped at N tokens: 'fixed' with group_max_size N); null = the value "
-        "source's default (DEFAULT_BOUNDARY_RULE).", None)
+        "Endpoint rule: 'variance' (TD-variance budget), 'fixed', 'low_prob', 'turn' (one group per turn, "
+        "group_max_size unused; turns capped at N tokens: 'fixed' with group_max_size N) or 'tree' (the tree "
+        "rollout's segments: groups end at each row's branch points, group_max_size unused; value_source "
+        "prefix_tree only); null = the value source's default (DEFAULT_BOUNDARY_RULE).", None)
     low_prob_threshold: float = _help("low_prob rule: a new group starts at a token with old prob below this.", 0.9)
     adv_norm: str = _help("Advantage normalisation: 'batch' (verl masked_whiten), 'prompt' (per uid) or 'none'.",
                           "batch")
@@ -284,6 +285,10 @@ _CRITIC_ONLY = (("critic_lam", None, "it sets the critic's returns, and this val
 
 def _validate_value_source(p: GroupParams) -> None:
     """Refuse a key that means nothing with the value source, naming both keys."""
+    if p.boundary_rule == "tree" and p.value_source != "prefix_tree":
+        raise ValueError(f"{GROUP_PARAMS_PATH}.boundary_rule='tree' does not combine with {GROUP_PARAMS_PATH}."
+                         f"value_source={p.value_source!r}: the tree's segments are the pieces on which the prefix "
+                         "tree's value is constant; use value_source=prefix_tree (with the tree rollout)")
     if p.uses_critic:
         return
     for key, refused, why in _NOT_WITH_SOURCE[p.value_source] + _CRITIC_ONLY:

@@ -145,6 +145,9 @@ def compute_group_ppo_outputs(
     if not isinstance(settings, AlgorithmSettings):
         raise ValueError(f"settings must be an AlgorithmSettings (read_algorithm_settings(config)), "
                          f"got {type(settings).__name__}")
+    if endpoints is None and settings.group.boundary_rule == "tree":
+        raise ValueError("endpoints is required by boundary_rule='tree' (the tree's branch points, which the "
+                         "prefix_tree value source finds: verl_group_ppo.values.boundary_values)")
     batch = prepare(token_level_rewards, response_mask, values, index, old_log_probs, settings.group)
     tau, lam = _resolve_threshold(threshold, settings.group), _policy_lambda(batch, settings)
     steps = run_steps(batch, settings, tau, lam, _given_ends(endpoints, batch))  # steps 1-7: advantages, returns

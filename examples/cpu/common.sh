@@ -42,7 +42,14 @@
 #             (docs/algorithm.md, "Value sources"); MC_SAMPLES: ++algorithm.group_params.mc_samples (K, mc only).
 #             With mc or prefix_tree (set either way) groups are the fixed rule's, of the spec's value_group_size
 #             tokens (4), unless an override sets group_max_size or boundary_rule
-#   NICE      nice level of the run (default 5: the run yields to interactive work)
+#   ROLLOUT   independent (default): a prompt's rollout.n replies sampled independently; tree: sampled as one tree
+#             by the tree_single_turn agent loop (docs/algorithm.md, "Tree rollouts"): the tree_rollout keys
+#             roots = rollout.n / 4 and branching = [2, 2] when rollout.n is a multiple of 4 and at least 8, else
+#             roots = rollout.n / 2 and branching = [2] (at least two roots, so the first segment has a baseline),
+#             segment_tokens = the spec's value_group_size, unless an override sets a tree_rollout key; with
+#             group_ppo and the prefix_tree value source also boundary_rule=tree and policy_lam=0 (each segment's
+#             advantage V(child) - V(parent)) unless an override sets them. Not with MULTI_TURN=1
+ (default 5: the run yields to interactive work)
 #   DEVICE    cpu (default): the CPU backend (VERL_PLATFORM=cpu, trainer.device=cpu, 8 logical Ray CPUs, the
 #             spec's threads). cuda: verl on GPUs, the same tasks and settings otherwise: no VERL_PLATFORM
 #             (an inherited one is unset), trainer.device=cuda, Ray's CPUs = `nproc`, threads per process =
@@ -147,7 +154,29 @@ spec=$("$PYTHON" -m verl_group_ppo.tasks.launcher shell "$TASK" "$MULTI_TURN") |
 eval "$spec"
 # mc and prefix_tree cut replies with the fixed rule at the spec's value_group_size tokens (the headroom benchmark:
 # on the tiny task's ~11-token replies, groups of 4 leave 88% of the return variance to inner boundaries)
+# ROLLOUT=tree: the tree agent loop and its shape; prefix_tree's groups are the tree's segments
+ROLLOUT=${ROLLOUT:-independent}
+tree=()
+case "$ROLLOUT" in
+  independent) ;;
+  tree)
+    tree=(actor_rollout_ref.rollout.agent.default_agent_loop=tree_single_turn)
+    if ! has_key_prefix tree_rollout; then
+      if [ $((rollout_n % 4)) -eq 0 ] && [ "$rollout_n" -ge 8 ]; then tree_roots=$((rollout_n / 4)) tree_branching='[2,2]'
+      elif [ $((rollout_n % 2)) -eq 0 ]; then tree_roots=$((rollout_n / 2)) tree_branching='[2]'
+      else echo "common.sh: ROLLOUT=tree needs an even rollout.n (the $spec_name task's is $rollout_n)" >&2; exit 2; fi
+      tree+=(++tree_rollout.roots=$tree_roots "++tree_rollout.branching=$tree_branching"
+             ++tree_rollout.segment_tokens="$value_group_size")
+    fi
+    if [ "$estimator" = group_ppo ] && [ "${value_source:-critic}" = prefix_tree ]; then
+      has_key algorithm.group_params.boundary_rule || specific+=(++algorithm.group_params.boundary_rule=tree)
+      has_key algorithm.group_params.policy_lam || specific+=(++algorithm.group_params.policy_lam=0.0)
+    fi
+    ;;
+  *) echo "common.sh: ROLLOUT='$ROLLOUT' must be independent or tree" >&2; exit 2 ;;
+esac
 if [ "$estimator" = group_ppo ] && [ "${value_source:-critic}" != critic ] \
+    && ! { [ "$ROLLOUT" = tree ] && [ "${value_source:-critic}" = prefix_tree ]; } \
     && ! has_key algorithm.group_params.group_max_size && ! has_key algorithm.group_params.boundary_rule; then
   specific+=(++algorithm.group_params.group_max_size="$value_group_size")
 fi
@@ -306,4 +335,4 @@ shared=(
 cd "$WORK_DIR"
 set -x
 exec nice -n "${NICE:-5}" "$PYTHON" -m verl.trainer.main_ppo "${shared[@]}" \
-  "${sampler[@]}" "${bypass[@]}" "${specific[@]}" ${multi_turn[@]+"${multi_turn[@]}"} "$@"
+  "${sampler[@]}" "${bypass[@]}" "${specific[@]}" ${multi_turn[@]+"${multi_turn[@]}"} ${tree[@]+"${tree[@]}"} "$@"

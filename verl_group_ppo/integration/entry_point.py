@@ -16,6 +16,8 @@ verl module imported                 what is installed
                                      (:func:`verl_group_ppo.rollout.register_hf_adapter`)
 ``verl.workers.rollout.replica``     the ``hf`` rollout replica's loader
                                      (:func:`verl_group_ppo.rollout.register_hf_replica`)
+``verl.experimental.agent_loop.     the ``tree_single_turn`` agent loop (:mod:`verl_group_ppo.tree.agent_loop`)
+agent_loop``
 ``verl.utils.model``                 the critic's value-model loader with the configured attention
                                      (:func:`verl_group_ppo.cpu.valuehead.patch_valuehead_loader`)
 ===================================  ================================================================================
@@ -79,6 +81,11 @@ def install_hf_replica(rollout_replica: ModuleType) -> None:
     importlib.import_module("verl_group_ppo.rollout").register_hf_replica(rollout_replica)
 
 
+def install_tree_agent_loop(agent_loop: ModuleType) -> None:
+    """Register the ``tree_single_turn`` agent loop (its module registers itself with verl's ``register``)."""
+    importlib.import_module("verl_group_ppo.tree.agent_loop")
+
+
 def install_valuehead_loader(verl_model: ModuleType) -> None:
     """Replace ``verl.utils.model.load_valuehead_model`` with the loader that honours the configured attention."""
     importlib.import_module("verl_group_ppo.cpu.valuehead").patch_valuehead_loader()
@@ -98,6 +105,8 @@ INSTALLS = (
     ("verl.trainer.ppo.v1", "importing the GROUP-PPO v1 trainer classes", install_trainers),
     ("verl.workers.rollout.base", "registering the hf rollout adapter", install_hf_adapter),
     ("verl.workers.rollout.replica", "registering the hf rollout replica", install_hf_replica),
+    ("verl.experimental.agent_loop.agent_loop", "registering the tree_single_turn agent loop",
+     install_tree_agent_loop),
     ("verl.utils.model", "installing the critic's value-model loader (configured attention)",
      install_valuehead_loader),
 )

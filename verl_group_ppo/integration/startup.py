@@ -129,7 +129,8 @@ def make_validate_config(original: Callable[..., Any]) -> Callable[..., Any]:
     """verl's ``validate_config`` with ``check_accelerator`` and ``check_cpu_sequence_parallel``
     (:mod:`verl_group_ppo.cpu.checks`) in front for ``group_ppo`` runs in a process that has not started Ray (inside
     Ray, a worker's visible devices say nothing); the critic's attention check for a run with a critic, and the
-    scorers' check (:func:`verl_group_ppo.tasks.reward.check_reward_scorers`) for every run."""
+    scorers' check (:func:`verl_group_ppo.tasks.reward.check_reward_scorers`) and the tree rollout's
+    (:func:`verl_group_ppo.tree.limits.check_tree_config`) for every run."""
 
     @functools.wraps(original)
     def validate_config(config: Any, *args: Any, **kwargs: Any) -> Any:
@@ -142,8 +143,10 @@ def make_validate_config(original: Callable[..., Any]) -> Callable[..., Any]:
             check_critic_attention(config)
         if not _ray_started():
             from verl_group_ppo.tasks.reward import check_reward_scorers
+            from verl_group_ppo.tree.limits import check_tree_config
 
             check_reward_scorers(config)
+            check_tree_config(config)
         return original(config, *args, **kwargs)
 
     validate_config.verl_group_ppo_original = original  # type: ignore[attr-defined]

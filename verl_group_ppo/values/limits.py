@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from verl_group_ppo.config import GROUP_PARAMS_PATH, read_algorithm_settings, select
+from verl_group_ppo.tree.limits import AGENT_LOOP_KEY, TREE_AGENT, uses_tree_rollout
 
 __all__ = ["MC_ROLLOUTS", "MIN_REPLIES", "ROLLOUT_N", "check_mc_rollout", "check_value_source_config"]
 
@@ -24,8 +25,9 @@ MIN_REPLIES = {
 
 
 def check_value_source_config(config: Any) -> None:
-    """The value source's start-up limits: ``mc``'s rollout (:func:`check_mc_rollout`), then
-    ``actor_rollout_ref.rollout.n`` < 2 refused for the value sources of :data:`MIN_REPLIES`.
+    """The value source's start-up limits: ``boundary_rule: tree`` only with the tree rollout, ``mc``'s rollout
+    (:func:`check_mc_rollout`), then ``actor_rollout_ref.rollout.n`` < 2 refused for the value sources of
+    :data:`MIN_REPLIES`.
 
     Args:
         config: the run's full config (``algorithm`` and ``actor_rollout_ref``); ``rollout.n`` missing reads as
@@ -34,7 +36,13 @@ def check_value_source_config(config: Any) -> None:
     Raises:
         ValueError: naming ``actor_rollout_ref.rollout.n`` and ``algorithm.group_params.value_source``.
     """
-    source = read_algorithm_settings(select(config, "algorithm")).group.value_source
+    group = read_algorithm_settings(select(config, "algorithm")).group
+    source = group.value_source
+    if group.boundary_rule == "tree" and not uses_tree_rollout(config):
+        raise ValueError(f"{GROUP_PARAMS_PATH}.boundary_rule=tree cuts groups at the tree rollout's branch points, "
+                         f"but {AGENT_LOOP_KEY}={select(config, AGENT_LOOP_KEY)!r} samples independent replies (whose "
+                         f"prefix-tree values are mostly each reply's own reward); set {AGENT_LOOP_KEY}={TREE_AGENT} "
+                         f"or another {GROUP_PARAMS_PATH}.boundary_rule.")
     if source == "mc":
         check_mc_rollout(config)
     if source not in MIN_REPLIES:

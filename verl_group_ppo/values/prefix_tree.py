@@ -15,6 +15,19 @@ where replies agree on a prefix and then part.
 Equality of prefixes is decided on ``response_ids`` and ``attention_mask`` together (a position that exists in one
 reply and not in the other differs), over every position before the boundary, tool observations included (in the
 multi-turn loop they are part of the state).
+
+Over a tree rollout (:mod:`verl_group_ppo.tree`) the replies of a prompt share prefixes exactly, so the branch
+points of a row are the positions where another reply of its prompt parts from it: ``t = shared(b, j)`` with ``0 < t < len_b``
+(:func:`shared_prefix_lengths`). :func:`branch_endpoints` (``boundary_rule: tree``) ends a group right before
+each of them and at the reply's last trained token, so the groups are the tree's segments along the row's path.
+Between two branch points no reply leaves the row's path, so ``prefix_tree``'s value is constant on a segment and
+changes at its ends: with ``gamma = lam = 1`` a segment's advantage is ``V(child) - V(parent)`` (the mean leaf reward
+under the node the segment ends in minus that under the node it starts from), the last segment's
+``R - V(parent)``.
+
+The branch points are read from the tokens, not from the rollout's records: a child whose first sampled tokens
+happen to repeat its parent's parts from it later than its recorded branch position, and the value does not change
+before that, so the segment boundary follows the tokens.
 """
 
 from __future__ import annotations
@@ -24,16 +37,20 @@ import torch
 from verl_group_ppo.core_algos import IndexLike
 from verl_group_ppo.values.batch import BatchFields, BoundaryValues, describe, prompt_rows
 
-__all__ = ["prefix_tree_source", "prefix_tree_values", "shared_prefix_lengths"]
+__all__ = ["branch_endpoints", "prefix_tree_source", "prefix_tree_values", "shared_prefix_lengths"]
 
 
-def prefix_tree_source(fields: BatchFields) -> BoundaryValues:
+def prefix_tree_source(fields: BatchFields, boundary_rule: str = "fixed") -> BoundaryValues:
     """The prefix tree's values for a batch (reads ``responses``, ``reply_lengths``, ``scores`` and ``uid``); the
-    estimator finds the groups."""
+    estimator finds the groups, except under ``boundary_rule: tree``, where they end at the rows' branch points
+    (:func:`branch_endpoints`, handed on as ``endpoints``)."""
     exists = fields.reply_positions("prefix_tree")
-    return BoundaryValues(values=prefix_tree_values(fields.require("responses", "prefix_tree"), exists,
-                                                    fields.require("scores", "prefix_tree"),
-                                                    fields.require("uid", "prefix_tree")))
+    responses = fields.require("responses", "prefix_tree")
+    uid = fields.require("uid", "prefix_tree")
+    values = prefix_tree_values(responses, exists, fields.require("scores", "prefix_tree"), uid)
+    if boundary_rule != "tree":
+        return BoundaryValues(values=values)
+    return BoundaryValues(values=values, endpoints=branch_endpoints(responses, exists, fields.response_mask, uid))
 
 
 def shared_prefix_lengths(response_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -84,6 +101,43 @@ def prefix_tree_values(response_ids: torch.Tensor, attention_mask: torch.Tensor,
         total = torch.einsum("bjt,j->bt", member, scores[rows].to(dtype))
         values[rows] = total / member.sum(dim=1)
     return values
+
+
+def branch_endpoints(response_ids: torch.Tensor, attention_mask: torch.Tensor, response_mask: torch.Tensor,
+                   index: IndexLike) -> torch.Tensor:
+    """Group endpoints at the branch points of each row (``boundary_rule: tree``): a group ends right before every
+    position ``t`` where another reply of the row's prompt parts from it (``0 < t < len``, from
+    :func:`shared_prefix_lengths`) and at the row's last trained position. Over a tree rollout these are the
+    tree's branch points, so the groups are its segments and ``prefix_tree``'s value is constant inside each
+    (docs/algorithm.md, "Tree rollouts").
+
+    Args:
+        response_ids: (B, T) token ids.
+        attention_mask: (B, T) 0/1, 1 at the positions each reply has.
+        response_mask: (B, T) 0/1, the trained positions (0 on a copied prefix with ``shared_prefix: once``).
+        index: (B,) prompt ids (verl's ``uid``).
+
+    Returns:
+        (B, T) bool: True at ``t - 1`` for every branch point ``t`` of the row and at its last trained position,
+        False wherever ``response_mask`` is 0 (a masked position ends a group by itself).
+    """
+    B, T = response_ids.shape
+    if attention_mask.shape != (B, T) or response_mask.shape != (B, T):
+        raise ValueError(f"attention_mask and response_mask must have the shape of response_ids {(B, T)}, got "
+                         f"{tuple(attention_mask.shape)} and {tuple(response_mask.shape)}")
+    ends = torch.zeros((B, T), dtype=torch.bool, device=response_ids.device)
+    lengths = attention_mask.long().sum(dim=1)
+    for rows in prompt_rows(index, B):
+        shared = shared_prefix_lengths(response_ids[rows], attention_mask[rows])  # (n, n)
+        for k, b in enumerate(rows.tolist()):
+            for t in shared[k].tolist():
+                if 0 < t < int(lengths[b]):
+                    ends[b, t - 1] = True
+    valid = response_mask.bool()
+    last = torch.where(valid.any(dim=1), T - 1 - valid.flip(dims=[1]).int().argmax(dim=1), torch.full((B,), -1))
+    has = last >= 0
+    ends[has.nonzero(as_tuple=True)[0], last[has]] = True
+    return ends & valid
 
 
 def _check_shapes(response_ids: torch.Tensor, attention_mask: torch.Tensor, scores: torch.Tensor) -> None:

@@ -7,7 +7,9 @@ sources"):
 ``value_source``   the values                                                          the groups
 =================  ==================================================================  =======================
 ``critic``         the critic's, as verl computed them                                 the estimator's step 2
-``prefix_tree``    :func:`~verl_group_ppo.values.prefix_tree.prefix_tree_values`       the estimator's step 2
+``prefix_tree``    :func:`~verl_group_ppo.values.prefix_tree.prefix_tree_values`       the estimator's step 2;
+                                                                                       ``boundary_rule: tree``:
+                                                                                       the branch points, here
 ``mc``             :func:`~verl_group_ppo.values.mc.mc_source` (continuations from     fixed here, before the
                    the run's rollout through a :class:`~verl_group_ppo.values.mc.       values, and handed on
                    ContinuationSampler`)
@@ -48,7 +50,7 @@ def boundary_values(settings: AlgorithmSettings, fields: BatchFields, *,
     if source == "critic":
         return BoundaryValues(values=fields.require("values", source))
     if source == "prefix_tree":
-        return prefix_tree_source(fields)
+        return prefix_tree_source(fields, settings.group.boundary_rule)
     if source == "mc":
         if sampler is None:
             raise ValueError("sampler is required by value_source='mc' (the run's rollout samples its continuations)")

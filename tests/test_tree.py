@@ -1,0 +1,355 @@
+"""Tree rollouts' pure parts: the shape, who branches from whom and where, a child's row, the segments."""
+
+import pytest
+import torch
+
+from verl_group_ppo.tree import Reply, TreeShape, branch_position, child_reply, tree_plan
+from verl_group_ppo.tree.cost import tree_token_counts
+from verl_group_ppo.values.prefix_tree import branch_endpoints
+
+
+def test_shape_gives_roots_times_branching_samples_and_refuses_another_n():
+    shape = TreeShape.from_config({"roots": 2, "branching": [2, 2], "segment_tokens": 3})
+    assert shape.size == 8
+    shape.check_samples(8)
+    with pytest.raises(ValueError, match=r"actor_rollout_ref.rollout.n=4 .*tree_rollout.roots.*branching"):
+        shape.check_samples(4)
+
+
+@pytest.mark.parametrize("raw, key", [
+    ({"roots": 0}, "tree_rollout.roots"),
+    ({"branching": [2, 1]}, "tree_rollout.branching"),
+    ({"branching": "22"}, "tree_rollout.branching"),
+    ({"segment_tokens": 0}, "tree_rollout.segment_tokens"),
+    ({"branch_rule": "entropy"}, "tree_rollout.branch_rule"),
+    ({"shared_prefix": "twice"}, "tree_rollout.shared_prefix"),
+    ({"window": 0}, "tree_rollout.window"),
+    ({"depth": 2}, "unknown key"),
+])
+def test_bad_shapes_are_refused_naming_the_key(raw, key):
+    with pytest.raises(ValueError, match=key):
+        TreeShape.from_config(raw)
+
+
+def test_plan_numbers_parents_before_children_in_mixed_radix():
+    plans = tree_plan(TreeShape(roots=2, branching=(2, 2), segment_tokens=5))
+    got = {p.index: (p.parent, p.level, p.nominal_position) for p in plans}
+    assert got == {0: (None, 0, 0), 1: (0, 2, 10), 2: (0, 1, 5), 3: (2, 2, 10),
+                   4: (None, 0, 0), 5: (4, 2, 10), 6: (4, 1, 5), 7: (6, 2, 10)}
+    # a 3-level tree with branching 3: every parent precedes its child, every non-root node has branching-1 new
+    # siblings per level
+    plans = tree_plan(TreeShape(roots=1, branching=(3, 2, 2), segment_tokens=1))
+    assert all(p.parent is None or p.parent < p.index for p in plans)
+    assert sum(p.parent is None for p in plans) == 1
+    assert [sum(p.level == lv for p in plans) for lv in (1, 2, 3)] == [2, 3, 6]
+    # samples beyond the tree (more asked than the tree holds) are roots
+    assert tree_plan(TreeShape(roots=1, branching=(2,)), n=3)[2].parent is None
+
+
+def test_branch_position_fixed_and_when_the_parent_ends_before_it():
+    shape = TreeShape(roots=1, branching=(2, 2), segment_tokens=4)
+    child = tree_plan(shape)[1]  # level 2: nominal position 8
+    assert branch_position(child, shape, parent_length=12) == 8
+    assert branch_position(child, shape, parent_length=9) == 8
+    # parent ends at or before the nominal position: the child copies all but the parent's last token
+    assert branch_position(child, shape, parent_length=8) == 7
+    assert branch_position(child, shape, parent_length=3) == 2
+    assert branch_position(child, shape, parent_length=0) == 0
+    with pytest.raises(ValueError, match="root"):
+        branch_position(tree_plan(shape)[0], shape, 5)
+
+
+def test_branch_position_low_prob_picks_the_least_likely_token_in_the_window():
+    shape = TreeShape(roots=1, branching=(2,), segment_tokens=2, branch_rule="low_prob", window=3)
+    child = tree_plan(shape)[1]  # nominal position 2, candidates 2, 3, 4
+    logp = [-9.0, -9.0, -0.1, -2.0, -0.5, -50.0]
+    assert branch_position(child, shape, 6, logp) == 3
+    assert branch_position(child, shape, 4, logp[:4]) == 3  # window clipped at the reply's end
+    assert branch_position(child, shape, 2, logp[:2]) == 1  # ends before: the last token
+    with pytest.raises(ValueError, match="calculate_log_probs"):
+        branch_position(child, shape, 6, None)
+
+
+def test_child_reply_copies_the_prefix_and_masks_it_once():
+    parent = Reply(ids=[5, 6, 7, 8], mask=[1, 1, 1, 1], log_probs=[-1.0, -2.0, -3.0, -4.0])
+    tail = Reply(ids=[9, 10], mask=[1, 1], log_probs=[-0.5, -0.25])
+    once = child_reply(parent, 2, tail, "once")
+    assert once.ids == [5, 6, 9, 10] and once.mask == [0, 0, 1, 1]
+    assert once.log_probs == [-1.0, -2.0, -0.5, -0.25]
+    assert child_reply(parent, 2, tail, "per_leaf").mask == [1, 1, 1, 1]
+    with pytest.raises(ValueError, match="position"):
+        child_reply(parent, 5, tail, "once")
+
+
+def _rows(replies, width):
+    ids = torch.zeros((len(replies), width), dtype=torch.long)
+    exists = torch.zeros((len(replies), width), dtype=torch.long)
+    for b, r in enumerate(replies):
+        ids[b, :len(r)] = torch.tensor(r)
+        exists[b, :len(r)] = 1
+    return ids, exists
+
+
+def test_tree_endpoints_cut_at_every_branch_point_of_the_row():
+    # root 0; 1 branches from 0 at 3; 2 branches from 0 at 1; a second prompt's row shares nothing with them
+    replies = [[1, 2, 3, 4, 5], [1, 2, 3, 9], [1, 7, 7], [1, 2, 3, 4, 5]]
+    ids, exists = _rows(replies, 6)
+    ends = branch_endpoints(ids, exists, exists, ["a", "a", "a", "b"])
+    assert ends[0].nonzero().flatten().tolist() == [0, 2, 4]
+    assert ends[1].nonzero().flatten().tolist() == [0, 2, 3]
+    assert ends[2].nonzero().flatten().tolist() == [0, 2]
+    assert ends[3].nonzero().flatten().tolist() == [4]
+    once = exists.clone()
+    once[1, :3] = 0  # row 1 trains only its tail
+    ends = branch_endpoints(ids, exists, once, ["a", "a", "a", "b"])
+    assert ends[1].nonzero().flatten().tolist() == [3]
+
+
+def test_tree_token_counts():
+    assert tree_token_counts(torch.tensor([5, 4, 3]), torch.tensor([5, 1, 2])) == {
+        "group/tree_generated_tokens": 8.0, "group/tree_path_tokens": 12.0}
+
+
+# ------------------------------------------------------------------ the samples of one prompt meeting in memory
+
+import asyncio
+import random
+
+from verl_group_ppo.tree.coordinator import TreeRegistry, sample_in_tree
+
+
+class FakeServer:
+    """Counts requests and tokens; replies are random tokens of a random length, each with log-prob -token/100,
+    after a random delay (so samples finish out of order)."""
+
+    def __init__(self, seed, max_len=12, eos_early=True):
+        self.rng = random.Random(seed)
+        self.requests = []
+        self.max_len = max_len
+        self.eos_early = eos_early
+
+    async def generate(self, token_ids, max_tokens):
+        await asyncio.sleep(self.rng.random() / 1000)
+        limit = self.max_len if max_tokens is None else min(max_tokens, self.max_len)
+        length = self.rng.randint(1, limit) if self.eos_early else limit
+        ids = [self.rng.randint(10, 99) for _ in range(length)]
+        self.requests.append((list(token_ids), max_tokens, len(ids)))
+        return Reply(ids=ids, mask=[1] * length, log_probs=[-t / 100 for t in ids])
+
+
+async def _run_tree(shape, server, response_length=12, prompt=(1, 2, 3), n=None):
+    registry = TreeRegistry()
+    plans = tree_plan(shape, n)
+    tree = registry.tree(("uid", 0))
+    order = list(plans)
+    random.Random(0).shuffle(order)  # verl starts the tasks in session order; any order must work
+    results = await asyncio.gather(*[
+        sample_in_tree(tree, p, shape, list(prompt), server.generate, response_length) for p in order])
+    for _ in plans:
+        registry.finished(("uid", 0), len(plans))
+    assert len(registry) == 0
+    return {p.index: r for p, r in zip(order, results)}
+
+
+@pytest.mark.parametrize("shared_prefix", ["once", "per_leaf"])
+@pytest.mark.parametrize("rule", ["fixed", "low_prob"])
+@pytest.mark.parametrize("seed", range(5))
+def test_every_row_copies_its_parent_up_to_the_branch_point_and_generates_only_its_tail(seed, rule, shared_prefix):
+    shape = TreeShape(roots=2, branching=(2, 2), segment_tokens=3, branch_rule=rule, window=3,
+                      shared_prefix=shared_prefix)
+    server = FakeServer(seed)
+    rows = asyncio.run(_run_tree(shape, server))
+    assert sorted(rows) == list(range(8))
+    plans = {p.index: p for p in tree_plan(shape)}
+    for i, row in rows.items():
+        if plans[i].parent is None:
+            assert row.parent == -1 and row.position == 0 and row.generated == len(row.reply.ids)
+            continue
+        parent = rows[row.parent].reply
+        q = row.position
+        assert row.parent == plans[i].parent
+        assert row.reply.ids[:q] == parent.ids[:q]
+        assert row.reply.log_probs[:q] == parent.log_probs[:q]
+        assert row.generated == len(row.reply.ids) - q >= 1
+        assert row.reply.mask[:q] == ([0] * q if shared_prefix == "once" else [1] * q)
+        assert row.reply.mask[q:] == [1] * row.generated
+        if rule == "fixed":
+            assert q == min(plans[i].nominal_position, len(parent.ids) - 1)
+        assert len(row.reply.ids) <= 12
+    # one request per sample, from prompt + the parent's prefix, for at most the room left
+    assert len(server.requests) == 8
+    asked = sorted((tuple(ids), -1 if mt is None else mt) for ids, mt, _ in server.requests)
+    expected = sorted((tuple([1, 2, 3] + rows[r.parent].reply.ids[:r.position]) if r.parent >= 0 else (1, 2, 3),
+                       12 - r.position if r.parent >= 0 else -1) for r in rows.values())
+    assert asked == expected
+    assert sum(n for _, _, n in server.requests) == sum(r.generated for r in rows.values())
+
+
+def test_a_full_tree_generates_fewer_tokens_than_its_rows_hold():
+    shape = TreeShape(roots=2, branching=(2, 2), segment_tokens=3)
+    rows = asyncio.run(_run_tree(shape, FakeServer(1, eos_early=False)))
+    generated = sum(r.generated for r in rows.values())
+    path = sum(len(r.reply.ids) for r in rows.values())
+    # 2 roots x 12, 2 level-1 branches x 9, 4 level-2 branches x 6
+    assert (generated, path) == (2 * 12 + 2 * 9 + 4 * 6, 8 * 12)
+
+
+def test_a_failed_parent_fails_its_children_and_a_partial_tree_runs():
+    shape = TreeShape(roots=1, branching=(2,), segment_tokens=2)
+
+    async def broken(token_ids, max_tokens):
+        raise RuntimeError("server down")
+
+    with pytest.raises(RuntimeError, match="server down"):
+        asyncio.run(_run_tree(shape, type("S", (), {"generate": staticmethod(broken)})()))
+    # validation asking fewer samples than the tree holds: the first k samples are a tree of their own
+    rows = asyncio.run(_run_tree(TreeShape(roots=2, branching=(2, 2)), FakeServer(3), n=3))
+    assert [rows[i].parent for i in range(3)] == [-1, 0, 0]
+
+
+# ------------------------------------------------------------------ the estimator on a tree
+
+from verl_group_ppo.config import AlgorithmSettings, GroupParams
+from verl_group_ppo.core_algos import compute_group_ppo_outputs
+from verl_group_ppo.values import BatchFields, boundary_values
+
+
+def _tree_batch(seed, shared_prefix, prompts=2):
+    """Rows of ``prompts`` trees (roots=2, branching=[2, 2], segments of 3), a deterministic reward per reply."""
+    shape = TreeShape(roots=2, branching=(2, 2), segment_tokens=3, shared_prefix=shared_prefix)
+    replies, masks, uids = [], [], []
+    for p in range(prompts):
+        rows = asyncio.run(_run_tree(shape, FakeServer(seed * 10 + p, max_len=10), response_length=10))
+        for i in range(shape.size):
+            replies.append(rows[i].reply.ids)
+            masks.append(rows[i].reply.mask)
+            uids.append(f"p{p}")
+    width = max(len(r) for r in replies)
+    ids, exists = _rows(replies, width)
+    mask = torch.zeros_like(exists)
+    for b, m in enumerate(masks):
+        mask[b, :len(m)] = torch.tensor(m)
+    scores = torch.tensor([float(sum(r) % 3 == 0) + 0.25 * (r[-1] % 2) for r in replies])
+    rewards = torch.zeros((len(replies), width))
+    for b, r in enumerate(replies):
+        rewards[b, len(r) - 1] = scores[b]
+    return replies, uids, ids, exists, mask, scores, rewards
+
+
+def _loop_value(replies, uids, scores, b, t):
+    """Mean reward of the prompt's replies whose first t tokens are reply b's (a plain loop)."""
+    same = [j for j in range(len(replies)) if uids[j] == uids[b] and len(replies[j]) >= t
+            and replies[j][:t] == replies[b][:t]]
+    return sum(float(scores[j]) for j in same) / len(same)
+
+
+@pytest.mark.parametrize("policy_lam", [0.0, 1.0])
+@pytest.mark.parametrize("shared_prefix", ["once", "per_leaf"])
+@pytest.mark.parametrize("seed", range(4))
+def test_tree_segments_get_the_advantages_a_plain_loop_over_the_tree_gives(seed, shared_prefix, policy_lam):
+    """gamma = 1: with policy_lam = 0 a segment's advantage is V(child) - V(parent) (SPO-tree), with policy_lam = 1
+    it is the row's own reward minus V(parent)."""
+    replies, uids, ids, exists, mask, scores, rewards = _tree_batch(seed, shared_prefix)
+    settings = AlgorithmSettings(gamma=1.0, lam=1.0, group=GroupParams(
+        value_source="prefix_tree", boundary_rule="tree", policy_lam=policy_lam, adv_norm="none"))
+    fields = BatchFields(response_mask=mask, reply_lengths=exists.sum(dim=1), responses=ids, scores=scores, uid=uids)
+    bv = boundary_values(settings, fields)
+    assert bv.endpoints is not None
+    out = compute_group_ppo_outputs(rewards, mask.float(), values=bv.values, settings=settings, index=uids,
+                                    endpoints=bv.endpoints)
+    for b, reply in enumerate(replies):
+        L = len(reply)
+        for t in range(L):
+            assert float(bv.values[b, t]) == pytest.approx(_loop_value(replies, uids, scores, b, t))
+        # the row's branch points: where another reply of its prompt parts from it
+        cuts = sorted({next((t for t in range(min(L, len(o))) if o[t] != reply[t]), min(L, len(o)))
+                       for j, o in enumerate(replies) if j != b and uids[j] == uids[b]} - {0})
+        cuts = [t for t in cuts if t < L]
+        starts = [0] + cuts
+        for s, e in zip(starts, starts[1:] + [L]):
+            end_value = float(scores[b]) if e == L or policy_lam == 1.0 else _loop_value(replies, uids, scores, b, e)
+            expected = end_value - _loop_value(replies, uids, scores, b, s)
+            for t in range(s, e):
+                if mask[b, t]:
+                    assert float(out.advantages[b, t]) == pytest.approx(expected, abs=1e-6), (b, s, e, t)
+
+
+def test_tree_rule_is_refused_without_prefix_tree_values_or_endpoints():
+    with pytest.raises(ValueError, match="boundary_rule='tree' does not combine with .*value_source='critic'"):
+        GroupParams(boundary_rule="tree")
+    with pytest.raises(ValueError, match="value_source='mc'"):
+        GroupParams(boundary_rule="tree", value_source="mc")
+    settings = AlgorithmSettings(group=GroupParams(value_source="prefix_tree", boundary_rule="tree"))
+    with pytest.raises(ValueError, match="endpoints is required by boundary_rule='tree'"):
+        compute_group_ppo_outputs(torch.zeros(2, 3), torch.ones(2, 3), values=torch.zeros(2, 3), settings=settings,
+                                  index=["a", "a"])
+
+
+# ------------------------------------------------------------------ start-up refusals
+
+from verl_group_ppo.tree.limits import check_tree_config
+from verl_group_ppo.values.limits import check_value_source_config
+
+
+def _config(n=8, agent="tree_single_turn", tree=None, **rollout):
+    cfg = {"actor_rollout_ref": {"rollout": {"n": n, "agent": {"default_agent_loop": agent},
+                                             "calculate_log_probs": True, **rollout}},
+           "algorithm": {"adv_estimator": "grpo"}}
+    if tree is not None:
+        cfg["tree_rollout"] = tree
+    return cfg
+
+
+def test_tree_settings_are_checked_before_ray_starts():
+    check_tree_config(_config(tree={"roots": 2, "branching": [2, 2]}))
+    check_tree_config(_config(agent="single_turn_agent"))
+    with pytest.raises(ValueError, match=r"actor_rollout_ref.rollout.n=4 .*tree_rollout.roots"):
+        check_tree_config(_config(n=4))
+    with pytest.raises(ValueError, match="tree_rollout.branching"):
+        check_tree_config(_config(tree={"branching": [1]}))
+    with pytest.raises(ValueError, match="multi_turn.enable"):
+        check_tree_config(_config(multi_turn={"enable": True}))
+    with pytest.raises(ValueError, match="calculate_log_probs"):
+        check_tree_config(_config(tree={"branch_rule": "low_prob"}, calculate_log_probs=False))
+    with pytest.raises(ValueError, match="tree_rollout is set but .*default_agent_loop"):
+        check_tree_config(_config(agent="single_turn_agent", tree={"roots": 2}))
+
+
+def test_tree_boundary_rule_needs_the_tree_rollout():
+    cfg = _config(agent="single_turn_agent")
+    cfg["algorithm"] = {"adv_estimator": "group_ppo",
+                        "group_params": {"value_source": "prefix_tree", "boundary_rule": "tree"}}
+    with pytest.raises(ValueError, match="boundary_rule=tree .*default_agent_loop='single_turn_agent'"):
+        check_value_source_config(cfg)
+    cfg["actor_rollout_ref"]["rollout"]["agent"]["default_agent_loop"] = "tree_single_turn"
+    check_value_source_config(cfg)
+
+
+@pytest.mark.parametrize("shared_prefix", ["once", "per_leaf"])
+def test_the_worked_example_of_algorithm_md(shared_prefix):
+    a, b, c, d, e, f, g, x, h, i, j, k = range(10, 22)
+    replies = [[a, b, c, d, e], [a, b, c, f, g], [x, h], [x, i, j, k]]
+    copied = [0, 3, 0, 1]
+    ids, exists = _rows(replies, 5)
+    mask = exists.clone()
+    if shared_prefix == "once":
+        for row, q in enumerate(copied):
+            mask[row, :q] = 0
+    scores = torch.tensor([1.0, 0.0, 0.0, 0.0])
+    rewards = torch.zeros(4, 5)
+    for row, r in enumerate(replies):
+        rewards[row, len(r) - 1] = scores[row]
+    settings = AlgorithmSettings(gamma=1.0, lam=1.0, group=GroupParams(
+        value_source="prefix_tree", boundary_rule="tree", policy_lam=0.0, adv_norm="none"))
+    uid = ["p"] * 4
+    bv = boundary_values(settings, BatchFields(response_mask=mask, reply_lengths=exists.sum(dim=1), responses=ids,
+                                               scores=scores, uid=uid))
+    out = compute_group_ppo_outputs(rewards, mask.float(), values=bv.values, settings=settings, index=uid,
+                                    endpoints=bv.endpoints)
+    table = [[0.25] * 3 + [0.5] * 2, [0.25] * 3 + [-0.5] * 2, [-0.25, 0.0], [-0.25, 0.0, 0.0, 0.0]]
+    for row, expected in enumerate(table):
+        got = [round(float(out.advantages[row, t]), 6) if mask[row, t] else None for t in range(len(expected))]
+        assert got == [None if not mask[row, t] else v for t, v in enumerate(expected)], row
+    generated = torch.tensor([len(r) - q for r, q in zip(replies, copied)])
+    assert tree_token_counts(exists.sum(dim=1), generated) == {"group/tree_generated_tokens": 12.0,
+                                                                "group/tree_path_tokens": 16.0}
