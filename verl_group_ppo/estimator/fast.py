@@ -203,9 +203,10 @@ def group_ends(delta: torch.Tensor, batch: Batch, params: GroupParams, tau: floa
     right after any True).
 
     ``turn`` ends groups only where every rule does (:func:`turn_ends`). The other rules add a cap of
-    ``group_max_size`` tokens and their own cuts. The variance budget ``sum z_i >= tau`` with
-    ``z_i = delta_i^2 / (sigma2 + eps)`` is evaluated as ``sum delta_i^2 >= tau * (sigma2 + eps)``: the
-    same test, one pass fewer.
+    ``group_max_size`` tokens and their own cuts: ``fixed`` and ``low_prob`` in closed form
+    (:func:`_periodic_starts`), ``variance`` by following the chains of groups (:func:`_budget_starts`). The
+    variance budget ``sum z_i >= tau`` with ``z_i = delta_i^2 / (sigma2 + eps)`` is evaluated as
+    ``sum delta_i^2 >= tau * (sigma2 + eps)``: the same test, one pass fewer.
     """
     rule = params.boundary_rule
     if rule == "turn":
@@ -219,12 +220,13 @@ def group_ends(delta: torch.Tensor, batch: Batch, params: GroupParams, tau: floa
     if rule == "low_prob":
         low = batch.old_log_probs.exp() < params.low_prob_threshold
         forced[:, :-1] |= low[:, 1:] & valid[:, 1:]
-    budget = None
     if rule == "variance":
         sigma2 = sum_of_squares(delta) / batch.n_valid
         limit = float(torch.tensor(tau * (sigma2 + params.group_epsilon), dtype=delta.dtype))  # the compute dtype's
-        budget = (delta * delta, limit)
-    return _chain_ends(*_group_end_from(forced, cap, budget), forced.shape)
+        starts = _budget_starts(forced, valid, cap, delta * delta, limit)
+    else:
+        starts = _periodic_starts(forced, valid, cap)
+    return _ends_from_starts(starts, batch.invalid)
 
 
 def turn_ends(invalid: torch.Tensor) -> torch.Tensor:
@@ -236,87 +238,106 @@ def turn_ends(invalid: torch.Tensor) -> torch.Tensor:
     return ends
 
 
-def _group_end_from(forced: torch.Tensor, cap: int,
-                    budget: Optional[tuple[torch.Tensor, float]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Step 2's scan from every position at once. Returns ``(end, alone)``: ``end`` (B*T,) int32 (int64 for huge batches), at each position s
-    the flat index of the last position of a group that starts at s: the first of (the first ``forced`` (B, T)
-    position at or after s, s + ``cap`` - 1, and with ``budget = (increments (B, T), limit)`` the first t with
-    ``sum(increments[s..t]) >= limit``); ``alone`` (B*T,) bool, where a group starting there is one token long.
+def _restarts(forced: torch.Tensor) -> torch.Tensor:
+    """(B*T + 1,) bool, a new tensor: True at each row's first position, after every ``forced`` (B, T) position
+    (where every chain of groups starts again) and at B*T."""
+    B, T = forced.shape
+    restart = torch.empty(B * T + 1, dtype=torch.bool, device=forced.device)
+    restart[1:] = forced.view(-1)
+    restart[:B * T:T] = True
+    return restart
 
-    Every row's last position is forced, so no group crosses into the next row. The budget's sums are differences
-    of float64 prefix sums (+inf past the batch), searched only for the positions whose group reaches its budget
-    after its first token and before its other ends (:func:`_first_reaching`).
+
+def _periodic_starts(forced: torch.Tensor, valid: torch.Tensor, cap: int) -> torch.Tensor:
+    """Group starts (B, T) bool of the rules without a budget: a group starts at every restart (a row's first
+    position, after a ``forced`` (B, T) position) and every ``cap`` valid positions after it (turns hold no
+    masked position), at valid positions only."""
+    B, T = forced.shape
+    restart = _restarts(forced)[:B * T]
+    position = torch.arange(B * T, dtype=_index_dtype(B * T), device=forced.device)
+    last = torch.where(restart, position, 0)  # the last restart at or before each position
+    if last.device.type == "cpu":
+        np.maximum.accumulate(last.numpy(), out=last.numpy())
+    else:
+        last = torch.cummax(last, 0).values
+    torch.remainder(position.sub_(last), cap, out=position)
+    return (position == 0).view(B, T).logical_and_(valid)
+
+
+def _budget_starts(forced: torch.Tensor, valid: torch.Tensor, cap: int, increments: torch.Tensor,
+                   limit: float) -> torch.Tensor:
+    """Group starts (B, T) bool of the ``variance`` rule: the chain of groups of each row, where a group starting
+    at s ends at the first of its turn's last position (``forced`` (B, T)), s + ``cap`` - 1 and the first t with
+    ``sum(increments[s..t]) >= limit`` (``increments`` (B, T), >= 0; sums as differences of float64 prefix sums).
+
+    A group surely starts after every token that alone reaches the budget (``increments >= limit``: then every
+    sum that holds it does) and after every forced position: the chains start again there. From each such start
+    the chain is followed group by group to the next sure start, all chains at once: as many rounds as the most
+    groups between two sure starts (at most ``cap`` tokens apart on average budgets; at most T in all).
     """
     B, T = forced.shape
-    flat, index = forced.reshape(-1), _index_dtype(B * T + 2 * cap)
-    forced_at = torch.nonzero(flat).squeeze(1).to(index)  # the forced positions in flat order
-    forced_before = torch.cumsum(flat, 0, dtype=index).sub_(flat.to(index))
-    end = _take(forced_at, forced_before)  # the first forced position at or after each position
-    position = torch.arange(cap - 1, B * T + cap - 1, dtype=index, device=forced.device)
-    torch.minimum(end, position, out=end)
-    position.sub_(cap - 1)
-    if budget is None:
-        return end, flat if cap > 1 else torch.ones_like(flat)
-    increments, limit = budget
-    reached = torch.full((B * T + 2 * cap,), math.inf, dtype=torch.float64, device=forced.device)
+    n = B * T
+    reached = torch.full((n + 4 * cap,), math.inf, dtype=torch.float64, device=forced.device)
     reached[0] = 0.0
-    torch.cumsum(increments.reshape(-1), 0, dtype=torch.float64, out=reached[1:B * T + 1])
-    # a group from s has reached its budget at t when reached[t + 1] >= reached[s] + limit
-    target = reached[:B * T] + limit
-    after = reached[1:]  # after[t]: the sum of the increments up to t
-    at_once = after[:B * T] >= target  # at its first token
-    searched = _take(after, end) >= target
-    searched &= ~at_once  # later in its window
-    searched = torch.nonzero(searched).squeeze(1)
-    end[searched] = _first_reaching(after, target[searched], searched.to(index), cap)
-    torch.where(at_once, position, end, out=end)
-    return end, at_once | flat
+    _cumsum64(increments.reshape(-1), reached[1:n + 1])
+    after = reached[1:]  # after[t]: the sum of the increments up to t; reached[s]: before s
+    alone = (increments >= limit).logical_or_(forced)  # a group starting here is this token alone
+    start, one_token = _restarts(alone), alone.view(-1)
+    start[:n] |= ~valid.view(-1)  # masked positions stop a chain as a start does
+    index = _index_dtype(n + 4 * cap)
+    forced_at = _flat_nonzero(forced.view(-1) & valid.view(-1), index)  # the turns' last positions, in order
+    frontier = _flat_nonzero(start[:n] & ~one_token, index)  # the sure starts whose group goes on
+    width = min(cap, 4)
+    window = torch.arange(width, dtype=index, device=forced.device)
+    forced_flat = torch.ones(n + width, dtype=torch.bool, device=forced.device)  # True past the batch
+    forced_flat[:n] = forced.view(-1)
+    while frontier.numel():
+        # a group from s ends at the first of: its turn's last position, s + cap - 1, the first t reaching the
+        # budget. The first `width` positions at once (neighbours in memory), the longer groups then in full.
+        target = _take(reached, frontier).add_(limit)
+        ahead = frontier.unsqueeze(1) + window
+        stop = _take(after, ahead) >= target.unsqueeze(1)
+        stop |= _take(forced_flat, ahead)
+        end = torch.argmax(stop.to(torch.uint8), 1).to(index).add_(frontier)
+        long = _flat_nonzero(~stop.any(1), torch.int64)
+        if long.numel():
+            end[long] = _group_end(frontier[long], target[long], after, forced_at, cap, width)
+        nxt = end.add_(1)
+        nxt = nxt[~_take(start, nxt)]  # chains that reach a known start stop there
+        start[nxt] = True
+        frontier = nxt[~_take(one_token, nxt)]
+    return start[:n].view(B, T).logical_and_(valid)
 
 
-def _first_reaching(after: torch.Tensor, target: torch.Tensor, start: torch.Tensor, cap: int) -> torch.Tensor:
-    """(S,) long: for each ``start`` (S,) flat position, the first t in ``start + 1 .. start + cap - 1`` (in ``start``'s dtype) with
-    ``after[t] >= target`` (S,), by binary search (``after`` non-decreasing, one past the last position known to
-    stay below); ``log2(cap)`` rounds, whatever T is."""
-    below = start.clone()  # the last t known to be below the target
-    step = 1 << (max(cap - 1, 1).bit_length() - 1)
+def _group_end(start: torch.Tensor, target: torch.Tensor, after: torch.Tensor, forced_at: torch.Tensor, cap: int,
+               width: int) -> torch.Tensor:
+    """(S,): the last position of the groups starting at ``start`` (S,) that are longer than ``width``: the first of
+    the turn's last position (the first of ``forced_at`` (K,) ascending at or after it), ``start + cap - 1`` and the
+    first t with ``after[t] >= target`` (S,) (``after`` non-decreasing)."""
+    end = start + (cap - 1)
+    if cap > width:
+        turn_end = _take(forced_at, torch.searchsorted(forced_at, start))
+        reaching = _first_reaching(after, target, start + (width - 1), 1 << (cap.bit_length() - 1))
+        torch.minimum(end, torch.minimum(turn_end, reaching), out=end)
+    return end
+
+
+def _first_reaching(after: torch.Tensor, target: torch.Tensor, below: torch.Tensor, step: int) -> torch.Tensor:
+    """(S,): for each of the positions ``below`` (S,) with ``after[below] < target`` (S,), the first t after it with
+    ``after[t] >= target``, or a position at least ``2 * step - 1`` after it (``after`` non-decreasing); by binary
+    search from the power of two ``step``."""
     while step:
         candidate = below + step
-        torch.where(_take(after, candidate) < target, candidate, below, out=below)
+        below = torch.where(_take(after, candidate) < target, candidate, below)
         step >>= 1
     return below.add_(1)
 
 
-def _chain_ends(end: torch.Tensor, alone: torch.Tensor, shape: torch.Size) -> torch.Tensor:
-    """The ends of the groups actually cut: (B, T) bool, from ``end`` (B*T,), the flat index of the last position
-    of a group starting at each position (non-decreasing along each row, as step 2's scan makes it), and ``alone``
-    (B*T,) bool, where that group is the position alone.
-
-    Each row's chain of groups starts at its first position and after every position t where ``alone``: every
-    group that holds such a t ends there. From each of these restarts the chain is followed to the next by pointer
-    doubling: round k adds the starts ``2**k`` to ``2**(k+1) - 1`` groups after each restart, ``jump`` holding the
-    start ``2**k`` groups ahead (``n``, which maps to itself, past the chain's next restart): ``log2`` of the
-    longest chain between two restarts rounds.
-    """
-    B, T = shape
-    n = B * T
-    is_start = torch.empty(n + 1, dtype=torch.bool, device=end.device)
-    is_start[0] = True
-    is_start[1:] = alone
-    is_start[:n:T] = True  # each row's first position
-    jump = torch.empty(n + 1, dtype=end.dtype, device=end.device)
-    torch.add(end, 1, out=jump[:n])
-    jump[n] = n
-    jump.masked_fill_(_take(is_start, jump), n)  # a restart (or the next row) stops the chain
-    frontier = torch.nonzero(is_start[:n] & (jump[:n] < n)).squeeze(1).to(end.dtype)  # the chains that go on
-    while frontier.numel():
-        ahead = _take(jump, frontier)
-        going = ahead < n  # a chain that stops within 2**k groups stops within 2**(k+1) too
-        is_start[ahead[going]] = True
-        frontier = torch.cat([frontier[going], ahead[going]])
-        jump = _take(jump, jump)  # twice as many groups ahead
-    ends = torch.empty((B, T), dtype=torch.bool, device=end.device)
-    ends[:, :-1] = is_start[:n].view(B, T)[:, 1:]
-    ends[:, -1] = True
+def _ends_from_starts(starts: torch.Tensor, invalid: torch.Tensor) -> torch.Tensor:
+    """Group ends (B, T) bool from the group starts ``starts`` (B, T): True before each start and where
+    :func:`turn_ends` of ``invalid`` (B, T) is."""
+    ends = turn_ends(invalid)
+    ends[:, :-1] |= starts[:, 1:]
     return ends
 
 
@@ -474,6 +495,22 @@ def _keep_endpoints_(x: torch.Tensor, endpoints: torch.Tensor, batch: Batch) -> 
 def _index_dtype(size: int) -> torch.dtype:
     """int32 for flat indices below ``size`` when it fits (half the memory of int64), else int64."""
     return torch.int32 if size < 2**31 else torch.int64
+
+
+def _flat_nonzero(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """(N,) the positions where the 1-D bool ``mask`` is True, ascending, in ``dtype`` (numpy on CPU: faster)."""
+    if mask.device.type == "cpu":
+        return torch.from_numpy(np.flatnonzero(mask.numpy()).astype(np.dtype(str(dtype).split(".")[1]), copy=False))
+    return torch.nonzero(mask).squeeze(1).to(dtype)
+
+
+def _cumsum64(x: torch.Tensor, out: torch.Tensor) -> None:
+    """The running sum of the 1-D ``x`` into the float64 ``out`` of its length, added in order (numpy on CPU:
+    twice as fast as torch there, the same sums)."""
+    if x.device.type == "cpu":
+        np.cumsum(x.numpy(), dtype=np.float64, out=out.numpy())
+    else:
+        torch.cumsum(x, 0, dtype=torch.float64, out=out)
 
 
 def _take(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
