@@ -75,12 +75,12 @@ class Groups:
     @cached_property
     def slots(self) -> torch.Tensor:
         """(G,) long: the flat (B, T) index of each group's first token, row by row."""
-        return torch.nonzero(self.first.view(-1)).squeeze(1)
+        return _flat_nonzero(self.first.view(-1), torch.int64)
 
     @cached_property
     def sizes(self) -> torch.Tensor:
         """(G,) long: the valid tokens of each group, in the order of :attr:`slots` (groups never span a hole)."""
-        return torch.nonzero(self.endpoint_mask.view(-1)).squeeze(1).sub_(self.slots).add_(1)
+        return _flat_nonzero(self.endpoint_mask.view(-1), torch.int64).sub_(self.slots).add_(1)
 
 
 class _PolicyX(NamedTuple):
@@ -177,10 +177,11 @@ def next_valid_values(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor
     """(B, T), a new tensor: at each position, ``values`` at the next valid position after it in its row (across
     holes), 0 where none follows. Without holes (each row's valid positions one run) it is the next position's."""
     B, T = valid.shape
-    out = torch.zeros_like(values)
+    out = _new((B, T), values.dtype, values.device)
+    out[:, -1] = 0.0
     if T < 2:
         return out
-    out[:, :-1] = values[:, 1:].masked_fill(~valid[:, 1:], 0.0)
+    torch.where(valid[:, 1:], values[:, 1:], values.new_zeros(()), out=out[:, :-1])
     if not _has_holes(valid):
         return out
     positions = torch.arange(T, device=valid.device).expand(B, T)
@@ -220,13 +221,26 @@ def group_ends(delta: torch.Tensor, batch: Batch, params: GroupParams, tau: floa
     if rule == "low_prob":
         low = batch.old_log_probs.exp() < params.low_prob_threshold
         forced[:, :-1] |= low[:, 1:] & valid[:, 1:]
+    starts = torch.empty_like(valid)
     if rule == "variance":
         sigma2 = sum_of_squares(delta) / batch.n_valid
         limit = float(torch.tensor(tau * (sigma2 + params.group_epsilon), dtype=delta.dtype))  # the compute dtype's
-        starts = _budget_starts(forced, valid, cap, delta * delta, limit)
+        for rows in row_blocks(valid.shape, 1 << 20):  # each block's buffers stay in the CPU's caches
+            starts[rows] = _budget_starts(forced[rows], valid[rows], cap, delta[rows] * delta[rows], limit)
     else:
-        starts = _periodic_starts(forced, valid, cap)
+        for rows in row_blocks(valid.shape, 1 << 20):
+            starts[rows] = _periodic_starts(forced[rows], valid[rows], cap)
     return _ends_from_starts(starts, batch.invalid)
+
+
+def row_blocks(shape: tuple[int, ...], elements: int = 1 << 18) -> list[slice]:
+    """Slices of consecutive rows of a (B, T) tensor, about ``elements`` elements each (one row at least),
+    covering the B rows in order. Steps 2 and 4 run block by block, so that the buffers of one block (a few
+    bytes per element each) stay in the CPU's caches; step 2, with a few Python-level rounds per block, in
+    larger blocks."""
+    B, T = shape
+    rows = max(1, elements // max(T, 1))
+    return [slice(r, min(r + rows, B)) for r in range(0, B, rows)]
 
 
 def turn_ends(invalid: torch.Tensor) -> torch.Tensor:
@@ -268,7 +282,8 @@ def _budget_starts(forced: torch.Tensor, valid: torch.Tensor, cap: int, incremen
                    limit: float) -> torch.Tensor:
     """Group starts (B, T) bool of the ``variance`` rule: the chain of groups of each row, where a group starting
     at s ends at the first of its turn's last position (``forced`` (B, T)), s + ``cap`` - 1 and the first t with
-    ``sum(increments[s..t]) >= limit`` (``increments`` (B, T), >= 0; sums as differences of float64 prefix sums).
+    ``sum(increments[s..t]) >= limit`` (``increments`` (B, T), >= 0; sums as differences of float64 prefix sums
+    over the rows in order).
 
     A group surely starts after every token that alone reaches the budget (``increments >= limit``: then every
     sum that holds it does) and after every forced position: the chains start again there. From each such start
@@ -277,8 +292,9 @@ def _budget_starts(forced: torch.Tensor, valid: torch.Tensor, cap: int, incremen
     """
     B, T = forced.shape
     n = B * T
-    reached = torch.full((n + 4 * cap,), math.inf, dtype=torch.float64, device=forced.device)
+    reached = _new((n + 4 * cap,), torch.float64, forced.device)
     reached[0] = 0.0
+    reached[n + 1:] = math.inf
     _cumsum64(increments.reshape(-1), reached[1:n + 1])
     after = reached[1:]  # after[t]: the sum of the increments up to t; reached[s]: before s
     alone = (increments >= limit).logical_or_(forced)  # a group starting here is this token alone
@@ -376,7 +392,8 @@ def segment_gae_step(delta: torch.Tensor, values: torch.Tensor, groups: Groups, 
     """
     params, ends, gamma, invalid = settings.group, groups.ends, settings.gamma, batch.invalid
     critic_x = segment_scan(delta, ends, invalid, gamma, settings.critic_lam)
-    returns = torch.add(critic_x, values).masked_fill_(invalid, 0.0)
+    returns = torch.add(critic_x, values, out=_new(values.shape, values.dtype, values.device))
+    returns.masked_fill_(invalid, 0.0)
     if params.policy_loss_on == "endpoints":  # token-level GAE
         x = segment_scan(delta, torch.ones_like(ends), invalid, gamma, lam)
         return returns, _PolicyX(x, batch.valid, groups.endpoint_mask)
@@ -384,7 +401,7 @@ def segment_gae_step(delta: torch.Tensor, values: torch.Tensor, groups: Groups, 
     x = critic_x if same else segment_scan(delta, ends, invalid, gamma, lam)
     if params.within_group == "per_token":
         return returns, _PolicyX(x, groups.first, None)
-    return returns, _PolicyX(_broadcast_from_starts(x, groups), groups.first, None)
+    return returns, _PolicyX(_broadcast_from_starts(x, groups.first), groups.first, None)
 
 
 def segment_scan(delta: torch.Tensor, ends: torch.Tensor, invalid: torch.Tensor, gamma: float,
@@ -393,14 +410,72 @@ def segment_scan(delta: torch.Tensor, ends: torch.Tensor, invalid: torch.Tensor,
 
     ``X_i = delta_i + gamma * (lam if i is an end else 1) * X_{i+1}`` backward over valid positions, X after the
     last = 0; masked positions pass X through (their residual is 0, their factor 1). ``ends`` (B, T) bool marks
-    the ends; ``lam`` is a float or a (B,) tensor of per-response lambdas. The scan runs in float64 (float32's
-    rounding, compounded over the scan's levels, would reach 1e-5 of the result at 32,768 tokens and lam near 1).
+    the ends; ``lam`` is a float or a (B,) tensor of per-response lambdas.
+
+    In closed form (:func:`_closed_form_scan`): the product of the factors before position i is
+    ``w_i = gamma**c_i * lam**e_i``, with c_i and e_i the counts of valid positions and of ends before i in its
+    row (integers: no rounding compounds), so ``X_i = sum_{j >= i} w_j delta_j / w_i``, a reversed cumulative
+    sum, in float64. Where a row's smallest w would leave float64's range (more than about 13,000 ends at
+    lam = 0.95), or gamma or lam is 0, the recursion runs as an associative scan (:func:`_affine_scan`).
+    At ``gamma = lam = 1`` it is a reversed cumulative sum.
     """
     if isinstance(lam, float) and gamma == 1.0 and lam == 1.0:  # every factor 1: a reversed cumulative sum
         return delta.flip(1).cumsum(1).flip(1)
+    out = _new(delta.shape, delta.dtype, delta.device)
+    for rows in row_blocks(delta.shape):  # each block's buffers stay in the CPU's caches
+        lam_rows = lam[rows] if isinstance(lam, torch.Tensor) else lam
+        x = _closed_form_scan(delta[rows], ends[rows], invalid[rows], gamma, lam_rows)
+        out[rows] = x if x is not None else _scan_rows(delta[rows], ends[rows], invalid[rows], gamma, lam_rows)
+    return out
+
+
+def _scan_rows(delta: torch.Tensor, ends: torch.Tensor, invalid: torch.Tensor, gamma: float,
+               lam: Union[float, torch.Tensor]) -> torch.Tensor:
+    """:func:`segment_scan` by the associative scan (:func:`_affine_scan`) in float64, any factors."""
     lam_ = lam.unsqueeze(1).double() if isinstance(lam, torch.Tensor) else lam
     factor = torch.where(ends, gamma * lam_, torch.full((), gamma, dtype=torch.float64, device=delta.device))
     return _affine_scan(factor.masked_fill_(invalid, 1.0), delta.double()).to(delta.dtype)
+
+
+#: the most negative log of a weight w_i the closed form uses: w and 1 / w stay far inside float64's range
+_LOG_WEIGHT_FLOOR = -600.0
+
+
+def _closed_form_scan(delta: torch.Tensor, ends: torch.Tensor, invalid: torch.Tensor, gamma: float,
+                      lam: Union[float, torch.Tensor]) -> Optional[torch.Tensor]:
+    """:func:`segment_scan` by its closed form; (B, T) in ``delta``'s dtype, or None where it does not apply."""
+    B, T = delta.shape
+    lams = lam.double() if isinstance(lam, torch.Tensor) else torch.tensor([float(lam)], dtype=torch.float64)
+    if gamma == 0.0 or bool((lams == 0).any()) or T == 0:
+        return None
+    valid_ends = ends & ~invalid
+    e = torch.cumsum(valid_ends, 1, dtype=torch.int32).sub_(valid_ends.to(torch.int32))  # ends before i
+    log_w = e[:, -1:].double().mul_(lams.log().view(-1, 1))  # (B or 1, 1): log of each row's smallest weight
+    c = None
+    if gamma != 1.0:
+        c = torch.cumsum(~invalid, 1, dtype=torch.int32).sub_((~invalid).to(torch.int32))  # valid positions before i
+        log_w.add_(c[:, -1:].double() * math.log(gamma))
+    if B and float(log_w.min()) < _LOG_WEIGHT_FLOOR:
+        return None
+    if isinstance(lam, torch.Tensor):
+        w = e.double().mul_(lams.log().unsqueeze(1)).exp_()
+    else:
+        w = _take(torch.pow(lams, torch.arange(T + 1, dtype=torch.float64, device=delta.device)), e)
+        w = w.view(B, T)
+    if c is not None:
+        w.mul_(_take(torch.pow(torch.tensor(gamma, dtype=torch.float64, device=delta.device),
+                               torch.arange(T + 1, dtype=torch.float64, device=delta.device)), c).view(B, T))
+    total = _reversed_cumsum(torch.mul(w, delta, out=_new(w.shape, w.dtype, w.device)))
+    return torch.div(total, w, out=w).to(delta.dtype)
+
+
+def _reversed_cumsum(x: torch.Tensor) -> torch.Tensor:
+    """(R, T), in place on ``x`` (R, T) contiguous: the sums from each position to the end of its row."""
+    if x.device.type == "cpu":
+        view = x.numpy()[:, ::-1]
+        np.cumsum(view, axis=1, out=view)
+        return x
+    return x.flip(1).cumsum(1).flip(1)
 
 
 def _affine_scan(factor: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -427,14 +502,20 @@ def _affine_scan(factor: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return out if out.shape[1] == T else out[:, :T].contiguous()
 
 
-def _broadcast_from_starts(x: torch.Tensor, groups: Groups) -> torch.Tensor:
+def _broadcast_from_starts(x: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
     """(B, T), a new tensor: every position carries X of ``x`` (B, T) at the first token of its group (A_k = X at
-    s_k), found by the running count of group starts; masked positions carry their previous group's."""
-    heads = x.reshape(-1)[groups.slots]
-    if heads.numel() == 0:
-        return torch.zeros_like(x)
-    group = torch.cumsum(groups.first.view(-1), 0, dtype=_index_dtype(x.numel())).sub_(1).clamp_(min=0)
-    return _take(heads, group).view_as(x)  # each position's group, counted in flat order
+    s_k; ``first`` (B, T) bool marks those), found by the running count of group starts; masked positions carry
+    their previous group's."""
+    out = _new(x.shape, x.dtype, x.device)
+    for rows in row_blocks(x.shape):  # each block's buffers stay in the CPU's caches
+        starts = first[rows].reshape(-1)
+        heads = x[rows].reshape(-1)[starts]
+        if heads.numel() == 0:
+            out[rows] = 0.0
+            continue
+        group = torch.cumsum(starts, 0, dtype=torch.int32).sub_(1).clamp_(min=0)  # each position's, in flat order
+        out[rows] = _take(heads, group).view(-1, x.shape[1])
+    return out
 
 
 # --------------------------------------------------------------------------------------------------
@@ -513,8 +594,21 @@ def _cumsum64(x: torch.Tensor, out: torch.Tensor) -> None:
         torch.cumsum(x, 0, dtype=torch.float64, out=out)
 
 
+_NUMPY_DTYPES = {torch.float32: np.float32, torch.float64: np.float64, torch.int32: np.int32, torch.int64: np.int64,
+                 torch.bool: np.bool_}
+
+
+def _new(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """An uninitialised tensor. On CPU its memory comes from numpy, which asks the kernel for huge pages for large
+    buffers: the first touch of a fresh (B, T) buffer then costs a few page faults instead of thousands."""
+    if device.type == "cpu" and dtype in _NUMPY_DTYPES:
+        return torch.from_numpy(np.empty(shape, dtype=_NUMPY_DTYPES[dtype]))
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
 def _take(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """``table[index]`` for a 1-D ``table`` (numpy's ``take`` on CPU, several times faster there than torch's)."""
+    """``table[index]`` for a 1-D ``table``, of ``index``'s shape (numpy's ``take`` on CPU, several times faster
+    there than torch's)."""
     if table.device.type == "cpu":
         return torch.from_numpy(np.take(table.numpy(), index.numpy()))
     return table[index]
