@@ -509,7 +509,7 @@ def _broadcast_from_starts(x: torch.Tensor, first: torch.Tensor) -> torch.Tensor
     out = _new(x.shape, x.dtype, x.device)
     for rows in row_blocks(x.shape):  # each block's buffers stay in the CPU's caches
         starts = first[rows].reshape(-1)
-        heads = x[rows].reshape(-1)[starts]
+        heads = _take(x[rows].reshape(-1), _flat_nonzero(starts, _index_dtype(starts.numel())))
         if heads.numel() == 0:
             out[rows] = 0.0
             continue
