@@ -6,17 +6,22 @@ sequential in time are computed with whole-tensor operations:
 
 - the next valid value of step 1 and the broadcast of step 4: index arithmetic (a reversed running minimum of
   positions, running counts of group starts) and gathers;
-- step 2's budget scan (a running sum that resets when it reaches a limit): for every position, where a group
-  starting there ends (the first forced end ahead, the token cap, and a binary search over prefix sums for the
-  budget: at most ``log2(group_max_size) + 1`` gathers); then the chain of group starts reached from each row's
-  first position, by pointer doubling (``log2`` of the number of groups per row, in rounds);
-- step 4's backward recursion ``X_i = delta_i + f_i X_{i+1}``: an associative scan over (factor, residual) pairs,
-  composed pairwise level by level (``log2(T)`` levels, about twice the work of the loop). Products of factors in
-  [0, 1] only shrink and nothing is divided, so it is stable at any length; at ``gamma = lam = 1`` it is a reversed
-  cumulative sum.
+- step 2's budget scan (a running sum that resets when it reaches a limit): a group surely starts after every
+  token that alone reaches the budget and after every forced end; from these sure starts every chain of groups is
+  followed at once, group by group, each group's end found from float64 prefix sums (a window of 4 sums, then a
+  binary search: ``log2(group_max_size)`` gathers). The rounds are as many as the most groups between two sure
+  starts (a few at the default settings; at most T / 2). ``fixed`` and ``low_prob`` have no budget: their groups
+  are every ``group_max_size`` tokens after a restart, in closed form;
+- step 4's backward recursion ``X_i = delta_i + f_i X_{i+1}``: in closed form, ``X_i = sum_{j >= i} w_j delta_j /
+  w_i`` with ``w_i = gamma**c_i * lam**e_i`` from integer counts of valid positions and ends (a reversed
+  cumulative sum in float64, no compounded rounding); where a row's weights would leave float64's range (more
+  than about 13,000 ends at lam = 0.95) or a factor is 0, an associative scan over (factor, residual) pairs,
+  composed pairwise level by level (``log2(T)`` levels). At ``gamma = lam = 1`` it is a reversed cumulative sum.
 
-Conventions as in :mod:`verl_group_ppo.core_algos`. Computation is in float64 when an input is float64, else in
-float32; step 2's prefix sums and step 4's scan are float64 in both.
+Steps 2 and 4 run by blocks of rows (:func:`row_blocks`), which bounds their float64 buffers; on CPU, fresh
+(B, T) buffers come from numpy (:func:`_new`). Conventions as in :mod:`verl_group_ppo.core_algos`.
+Computation is in float64 when an input is float64, else in float32; step 2's prefix sums and step 4's scan are
+float64 in both.
 """
 
 from __future__ import annotations
@@ -225,19 +230,19 @@ def group_ends(delta: torch.Tensor, batch: Batch, params: GroupParams, tau: floa
     if rule == "variance":
         sigma2 = sum_of_squares(delta) / batch.n_valid
         limit = float(torch.tensor(tau * (sigma2 + params.group_epsilon), dtype=delta.dtype))  # the compute dtype's
-        for rows in row_blocks(valid.shape, 1 << 20):  # each block's buffers stay in the CPU's caches
+        for rows in row_blocks(valid.shape):
             starts[rows] = _budget_starts(forced[rows], valid[rows], cap, delta[rows] * delta[rows], limit)
     else:
-        for rows in row_blocks(valid.shape, 1 << 20):
+        for rows in row_blocks(valid.shape):
             starts[rows] = _periodic_starts(forced[rows], valid[rows], cap)
     return _ends_from_starts(starts, batch.invalid)
 
 
-def row_blocks(shape: tuple[int, ...], elements: int = 1 << 18) -> list[slice]:
+def row_blocks(shape: tuple[int, ...], elements: int = 1 << 22) -> list[slice]:
     """Slices of consecutive rows of a (B, T) tensor, about ``elements`` elements each (one row at least),
-    covering the B rows in order. Steps 2 and 4 run block by block, so that the buffers of one block (a few
-    bytes per element each) stay in the CPU's caches; step 2, with a few Python-level rounds per block, in
-    larger blocks."""
+    covering the B rows in order. Steps 2 and 4 run block by block: their float64 buffers are a block's, not
+    the batch's. Smaller blocks would stay in the CPU's caches, but every block repeats the step's operations,
+    and with several threads on shared cores each operation waits for the slowest thread."""
     B, T = shape
     rows = max(1, elements // max(T, 1))
     return [slice(r, min(r + rows, B)) for r in range(0, B, rows)]
@@ -422,7 +427,7 @@ def segment_scan(delta: torch.Tensor, ends: torch.Tensor, invalid: torch.Tensor,
     if isinstance(lam, float) and gamma == 1.0 and lam == 1.0:  # every factor 1: a reversed cumulative sum
         return delta.flip(1).cumsum(1).flip(1)
     out = _new(delta.shape, delta.dtype, delta.device)
-    for rows in row_blocks(delta.shape):  # each block's buffers stay in the CPU's caches
+    for rows in row_blocks(delta.shape):
         lam_rows = lam[rows] if isinstance(lam, torch.Tensor) else lam
         x = _closed_form_scan(delta[rows], ends[rows], invalid[rows], gamma, lam_rows)
         out[rows] = x if x is not None else _scan_rows(delta[rows], ends[rows], invalid[rows], gamma, lam_rows)
@@ -507,7 +512,7 @@ def _broadcast_from_starts(x: torch.Tensor, first: torch.Tensor) -> torch.Tensor
     s_k; ``first`` (B, T) bool marks those), found by the running count of group starts; masked positions carry
     their previous group's."""
     out = _new(x.shape, x.dtype, x.device)
-    for rows in row_blocks(x.shape):  # each block's buffers stay in the CPU's caches
+    for rows in row_blocks(x.shape):
         starts = first[rows].reshape(-1)
         heads = _take(x[rows].reshape(-1), _flat_nonzero(starts, _index_dtype(starts.numel())))
         if heads.numel() == 0:
