@@ -450,7 +450,8 @@ def _closed_form_scan(delta: torch.Tensor, ends: torch.Tensor, invalid: torch.Te
                       lam: Union[float, torch.Tensor]) -> Optional[torch.Tensor]:
     """:func:`segment_scan` by its closed form; (B, T) in ``delta``'s dtype, or None where it does not apply."""
     B, T = delta.shape
-    lams = lam.double() if isinstance(lam, torch.Tensor) else torch.tensor([float(lam)], dtype=torch.float64)
+    lams = (lam.double() if isinstance(lam, torch.Tensor)
+            else torch.tensor([float(lam)], dtype=torch.float64, device=delta.device))
     if gamma == 0.0 or bool((lams == 0).any()) or T == 0:
         return None
     valid_ends = ends & ~invalid
