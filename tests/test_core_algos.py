@@ -176,7 +176,8 @@ def test_segment_gae_equals_its_loop_twin(seed, B, T, mask_kind, empty_rows, gam
 @pytest.mark.parametrize("gamma, lam", [(1.0, 0.95), (0.99, 0.95), (1.0, 0.0), (0.0, 1.0), (1.0, 1.0), (0.999, 0.5),
                                         (1.0, "per_response")])
 def test_segment_gae_at_32768_tokens_in_float32_stays_within_1e_5_of_the_float64_loop(gamma, lam):
-    """The scan composes factors pairwise (no division): stable at long rows, factor 0 included."""
+    """Stable at long rows: the closed form's weights come from integer counts; beyond float64's range of them, and
+    at a factor 0, the associative scan composes factors pairwise (no division)."""
     B, T = 2, 32768
     _, mask, deltas, _, _ = make_batch(3, B, T, "holes", junk=True, dtype=torch.float32)
     ends = torch.rand(B, T, generator=torch.Generator().manual_seed(4)) < 0.3
@@ -192,7 +193,7 @@ def test_segment_gae_at_32768_tokens_in_float32_stays_within_1e_5_of_the_float64
                                                    ("fixed", 7, 1.0), ("low_prob", 16, 1.0)])
 @pytest.mark.parametrize("mask_kind", ["prefix", "holes"])
 def test_long_rows_cut_exactly_the_references_groups(rule, cap, threshold, mask_kind):
-    """Step 2 at thousands of tokens a row (many pointer-doubling rounds and binary-search steps): the same groups
+    """Step 2 at thousands of tokens a row (many rounds along the chains and binary-search steps): the same groups
     as the reference's loop, and the same advantages and returns."""
     rewards, mask, values, olp, index = make_batch(11, 3, 2500, mask_kind, junk=True)
     cfg = config(0.99, 0.9, group_max_size=cap, boundary_rule=rule, low_prob_threshold=0.2)

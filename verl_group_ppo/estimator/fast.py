@@ -6,17 +6,22 @@ sequential in time are computed with whole-tensor operations:
 
 - the next valid value of step 1 and the broadcast of step 4: index arithmetic (a reversed running minimum of
   positions, running counts of group starts) and gathers;
-- step 2's budget scan (a running sum that resets when it reaches a limit): for every position, where a group
-  starting there ends (the first forced end ahead, the token cap, and a binary search over prefix sums for the
-  budget: at most ``log2(group_max_size) + 1`` gathers); then the chain of group starts reached from each row's
-  first position, by pointer doubling (``log2`` of the number of groups per row, in rounds);
-- step 4's backward recursion ``X_i = delta_i + f_i X_{i+1}``: an associative scan over (factor, residual) pairs,
-  composed pairwise level by level (``log2(T)`` levels, about twice the work of the loop). Products of factors in
-  [0, 1] only shrink and nothing is divided, so it is stable at any length; at ``gamma = lam = 1`` it is a reversed
-  cumulative sum.
+- step 2's budget scan (a running sum that resets when it reaches a limit): a group surely starts after every
+  token that alone reaches the budget and after every forced end; from these sure starts every chain of groups is
+  followed at once, group by group, each group's end found from float64 prefix sums (a window of 4 sums, then a
+  binary search: ``log2(group_max_size)`` gathers). The rounds are as many as the most groups between two sure
+  starts (a few at the default settings; at most T / 2). ``fixed`` and ``low_prob`` have no budget: their groups
+  are every ``group_max_size`` tokens after a restart, in closed form;
+- step 4's backward recursion ``X_i = delta_i + f_i X_{i+1}``: in closed form, ``X_i = sum_{j >= i} w_j delta_j /
+  w_i`` with ``w_i = gamma**c_i * lam**e_i`` from integer counts of valid positions and ends (a reversed
+  cumulative sum in float64, no compounded rounding); where a row's weights would leave float64's range (more
+  than about 13,000 ends at lam = 0.95) or a factor is 0, an associative scan over (factor, residual) pairs,
+  composed pairwise level by level (``log2(T)`` levels). At ``gamma = lam = 1`` it is a reversed cumulative sum.
 
-Conventions as in :mod:`verl_group_ppo.core_algos`. Computation is in float64 when an input is float64, else in
-float32; step 2's prefix sums and step 4's scan are float64 in both.
+Steps 2 and 4 run by blocks of rows (:func:`row_blocks`), which bounds their float64 buffers; on CPU, fresh
+(B, T) buffers come from numpy (:func:`_new`). Conventions as in :mod:`verl_group_ppo.core_algos`.
+Computation is in float64 when an input is float64, else in float32; step 2's prefix sums and step 4's scan are
+float64 in both.
 """
 
 from __future__ import annotations
@@ -75,12 +80,12 @@ class Groups:
     @cached_property
     def slots(self) -> torch.Tensor:
         """(G,) long: the flat (B, T) index of each group's first token, row by row."""
-        return torch.nonzero(self.first.view(-1)).squeeze(1)
+        return _flat_nonzero(self.first.view(-1), torch.int64)
 
     @cached_property
     def sizes(self) -> torch.Tensor:
         """(G,) long: the valid tokens of each group, in the order of :attr:`slots` (groups never span a hole)."""
-        return torch.nonzero(self.endpoint_mask.view(-1)).squeeze(1).sub_(self.slots).add_(1)
+        return _flat_nonzero(self.endpoint_mask.view(-1), torch.int64).sub_(self.slots).add_(1)
 
 
 class _PolicyX(NamedTuple):
@@ -177,10 +182,11 @@ def next_valid_values(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor
     """(B, T), a new tensor: at each position, ``values`` at the next valid position after it in its row (across
     holes), 0 where none follows. Without holes (each row's valid positions one run) it is the next position's."""
     B, T = valid.shape
-    out = torch.zeros_like(values)
+    out = _new((B, T), values.dtype, values.device)
+    out[:, -1] = 0.0
     if T < 2:
         return out
-    out[:, :-1] = values[:, 1:].masked_fill(~valid[:, 1:], 0.0)
+    torch.where(valid[:, 1:], values[:, 1:], values.new_zeros(()), out=out[:, :-1])
     if not _has_holes(valid):
         return out
     positions = torch.arange(T, device=valid.device).expand(B, T)
@@ -203,9 +209,10 @@ def group_ends(delta: torch.Tensor, batch: Batch, params: GroupParams, tau: floa
     right after any True).
 
     ``turn`` ends groups only where every rule does (:func:`turn_ends`). The other rules add a cap of
-    ``group_max_size`` tokens and their own cuts. The variance budget ``sum z_i >= tau`` with
-    ``z_i = delta_i^2 / (sigma2 + eps)`` is evaluated as ``sum delta_i^2 >= tau * (sigma2 + eps)``: the
-    same test, one pass fewer.
+    ``group_max_size`` tokens and their own cuts: ``fixed`` and ``low_prob`` in closed form
+    (:func:`_periodic_starts`), ``variance`` by following the chains of groups (:func:`_budget_starts`). The
+    variance budget ``sum z_i >= tau`` with ``z_i = delta_i^2 / (sigma2 + eps)`` is evaluated as
+    ``sum delta_i^2 >= tau * (sigma2 + eps)``: the same test, one pass fewer.
     """
     rule = params.boundary_rule
     if rule == "turn":
@@ -219,12 +226,26 @@ def group_ends(delta: torch.Tensor, batch: Batch, params: GroupParams, tau: floa
     if rule == "low_prob":
         low = batch.old_log_probs.exp() < params.low_prob_threshold
         forced[:, :-1] |= low[:, 1:] & valid[:, 1:]
-    budget = None
+    starts = torch.empty_like(valid)
     if rule == "variance":
         sigma2 = sum_of_squares(delta) / batch.n_valid
         limit = float(torch.tensor(tau * (sigma2 + params.group_epsilon), dtype=delta.dtype))  # the compute dtype's
-        budget = (delta * delta, limit)
-    return _chain_ends(*_group_end_from(forced, cap, budget), forced.shape)
+        for rows in row_blocks(valid.shape):
+            starts[rows] = _budget_starts(forced[rows], valid[rows], cap, delta[rows] * delta[rows], limit)
+    else:
+        for rows in row_blocks(valid.shape):
+            starts[rows] = _periodic_starts(forced[rows], valid[rows], cap)
+    return _ends_from_starts(starts, batch.invalid)
+
+
+def row_blocks(shape: tuple[int, ...], elements: int = 1 << 22) -> list[slice]:
+    """Slices of consecutive rows of a (B, T) tensor, about ``elements`` elements each (one row at least),
+    covering the B rows in order. Steps 2 and 4 run block by block: their float64 buffers are a block's, not
+    the batch's. Smaller blocks would stay in the CPU's caches, but every block repeats the step's operations,
+    and with several threads on shared cores each operation waits for the slowest thread."""
+    B, T = shape
+    rows = max(1, elements // max(T, 1))
+    return [slice(r, min(r + rows, B)) for r in range(0, B, rows)]
 
 
 def turn_ends(invalid: torch.Tensor) -> torch.Tensor:
@@ -236,87 +257,108 @@ def turn_ends(invalid: torch.Tensor) -> torch.Tensor:
     return ends
 
 
-def _group_end_from(forced: torch.Tensor, cap: int,
-                    budget: Optional[tuple[torch.Tensor, float]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Step 2's scan from every position at once. Returns ``(end, alone)``: ``end`` (B*T,) int32 (int64 for huge batches), at each position s
-    the flat index of the last position of a group that starts at s: the first of (the first ``forced`` (B, T)
-    position at or after s, s + ``cap`` - 1, and with ``budget = (increments (B, T), limit)`` the first t with
-    ``sum(increments[s..t]) >= limit``); ``alone`` (B*T,) bool, where a group starting there is one token long.
+def _restarts(forced: torch.Tensor) -> torch.Tensor:
+    """(B*T + 1,) bool, a new tensor: True at each row's first position, after every ``forced`` (B, T) position
+    (where every chain of groups starts again) and at B*T."""
+    B, T = forced.shape
+    restart = torch.empty(B * T + 1, dtype=torch.bool, device=forced.device)
+    restart[1:] = forced.view(-1)
+    restart[:B * T:T] = True
+    return restart
 
-    Every row's last position is forced, so no group crosses into the next row. The budget's sums are differences
-    of float64 prefix sums (+inf past the batch), searched only for the positions whose group reaches its budget
-    after its first token and before its other ends (:func:`_first_reaching`).
+
+def _periodic_starts(forced: torch.Tensor, valid: torch.Tensor, cap: int) -> torch.Tensor:
+    """Group starts (B, T) bool of the rules without a budget: a group starts at every restart (a row's first
+    position, after a ``forced`` (B, T) position) and every ``cap`` valid positions after it (turns hold no
+    masked position), at valid positions only."""
+    B, T = forced.shape
+    restart = _restarts(forced)[:B * T]
+    position = torch.arange(B * T, dtype=_index_dtype(B * T), device=forced.device)
+    last = torch.where(restart, position, 0)  # the last restart at or before each position
+    if last.device.type == "cpu":
+        np.maximum.accumulate(last.numpy(), out=last.numpy())
+    else:
+        last = torch.cummax(last, 0).values
+    torch.remainder(position.sub_(last), cap, out=position)
+    return (position == 0).view(B, T).logical_and_(valid)
+
+
+def _budget_starts(forced: torch.Tensor, valid: torch.Tensor, cap: int, increments: torch.Tensor,
+                   limit: float) -> torch.Tensor:
+    """Group starts (B, T) bool of the ``variance`` rule: the chain of groups of each row, where a group starting
+    at s ends at the first of its turn's last position (``forced`` (B, T)), s + ``cap`` - 1 and the first t with
+    ``sum(increments[s..t]) >= limit`` (``increments`` (B, T), >= 0; sums as differences of float64 prefix sums
+    over the rows in order).
+
+    A group surely starts after every token that alone reaches the budget (``increments >= limit``: then every
+    sum that holds it does) and after every forced position: the chains start again there. From each such start
+    the chain is followed group by group to the next sure start, all chains at once: as many rounds as the most
+    groups between two sure starts (at most ``cap`` tokens apart on average budgets; at most T in all).
     """
     B, T = forced.shape
-    flat, index = forced.reshape(-1), _index_dtype(B * T + 2 * cap)
-    forced_at = torch.nonzero(flat).squeeze(1).to(index)  # the forced positions in flat order
-    forced_before = torch.cumsum(flat, 0, dtype=index).sub_(flat.to(index))
-    end = _take(forced_at, forced_before)  # the first forced position at or after each position
-    position = torch.arange(cap - 1, B * T + cap - 1, dtype=index, device=forced.device)
-    torch.minimum(end, position, out=end)
-    position.sub_(cap - 1)
-    if budget is None:
-        return end, flat if cap > 1 else torch.ones_like(flat)
-    increments, limit = budget
-    reached = torch.full((B * T + 2 * cap,), math.inf, dtype=torch.float64, device=forced.device)
+    n = B * T
+    reached = _new((n + 4 * cap,), torch.float64, forced.device)
     reached[0] = 0.0
-    torch.cumsum(increments.reshape(-1), 0, dtype=torch.float64, out=reached[1:B * T + 1])
-    # a group from s has reached its budget at t when reached[t + 1] >= reached[s] + limit
-    target = reached[:B * T] + limit
-    after = reached[1:]  # after[t]: the sum of the increments up to t
-    at_once = after[:B * T] >= target  # at its first token
-    searched = _take(after, end) >= target
-    searched &= ~at_once  # later in its window
-    searched = torch.nonzero(searched).squeeze(1)
-    end[searched] = _first_reaching(after, target[searched], searched.to(index), cap)
-    torch.where(at_once, position, end, out=end)
-    return end, at_once | flat
+    reached[n + 1:] = math.inf
+    _cumsum64(increments.reshape(-1), reached[1:n + 1])
+    after = reached[1:]  # after[t]: the sum of the increments up to t; reached[s]: before s
+    alone = (increments >= limit).logical_or_(forced)  # a group starting here is this token alone
+    start, one_token = _restarts(alone), alone.view(-1)
+    start[:n] |= ~valid.view(-1)  # masked positions stop a chain as a start does
+    index = _index_dtype(n + 4 * cap)
+    forced_at = _flat_nonzero(forced.view(-1) & valid.view(-1), index)  # the turns' last positions, in order
+    frontier = _flat_nonzero(start[:n] & ~one_token, index)  # the sure starts whose group goes on
+    width = min(cap, 4)
+    window = torch.arange(width, dtype=index, device=forced.device)
+    forced_flat = torch.ones(n + width, dtype=torch.bool, device=forced.device)  # True past the batch
+    forced_flat[:n] = forced.view(-1)
+    while frontier.numel():
+        # a group from s ends at the first of: its turn's last position, s + cap - 1, the first t reaching the
+        # budget. The first `width` positions at once (neighbours in memory), the longer groups then in full.
+        target = _take(reached, frontier).add_(limit)
+        ahead = frontier.unsqueeze(1) + window
+        stop = _take(after, ahead) >= target.unsqueeze(1)
+        stop |= _take(forced_flat, ahead)
+        end = torch.argmax(stop.to(torch.uint8), 1).to(index).add_(frontier)
+        long = _flat_nonzero(~stop.any(1), torch.int64)
+        if long.numel():
+            end[long] = _group_end(frontier[long], target[long], after, forced_at, cap, width)
+        nxt = end.add_(1)
+        nxt = nxt[~_take(start, nxt)]  # chains that reach a known start stop there
+        start[nxt] = True
+        frontier = nxt[~_take(one_token, nxt)]
+    return start[:n].view(B, T).logical_and_(valid)
 
 
-def _first_reaching(after: torch.Tensor, target: torch.Tensor, start: torch.Tensor, cap: int) -> torch.Tensor:
-    """(S,) long: for each ``start`` (S,) flat position, the first t in ``start + 1 .. start + cap - 1`` (in ``start``'s dtype) with
-    ``after[t] >= target`` (S,), by binary search (``after`` non-decreasing, one past the last position known to
-    stay below); ``log2(cap)`` rounds, whatever T is."""
-    below = start.clone()  # the last t known to be below the target
-    step = 1 << (max(cap - 1, 1).bit_length() - 1)
+def _group_end(start: torch.Tensor, target: torch.Tensor, after: torch.Tensor, forced_at: torch.Tensor, cap: int,
+               width: int) -> torch.Tensor:
+    """(S,): the last position of the groups starting at ``start`` (S,) that are longer than ``width``: the first of
+    the turn's last position (the first of ``forced_at`` (K,) ascending at or after it), ``start + cap - 1`` and the
+    first t with ``after[t] >= target`` (S,) (``after`` non-decreasing)."""
+    end = start + (cap - 1)
+    if cap > width:
+        turn_end = _take(forced_at, torch.searchsorted(forced_at, start))
+        reaching = _first_reaching(after, target, start + (width - 1), 1 << (cap.bit_length() - 1))
+        torch.minimum(end, torch.minimum(turn_end, reaching), out=end)
+    return end
+
+
+def _first_reaching(after: torch.Tensor, target: torch.Tensor, below: torch.Tensor, step: int) -> torch.Tensor:
+    """(S,): for each of the positions ``below`` (S,) with ``after[below] < target`` (S,), the first t after it with
+    ``after[t] >= target``, or a position at least ``2 * step - 1`` after it (``after`` non-decreasing); by binary
+    search from the power of two ``step``."""
     while step:
         candidate = below + step
-        torch.where(_take(after, candidate) < target, candidate, below, out=below)
+        below = torch.where(_take(after, candidate) < target, candidate, below)
         step >>= 1
     return below.add_(1)
 
 
-def _chain_ends(end: torch.Tensor, alone: torch.Tensor, shape: torch.Size) -> torch.Tensor:
-    """The ends of the groups actually cut: (B, T) bool, from ``end`` (B*T,), the flat index of the last position
-    of a group starting at each position (non-decreasing along each row, as step 2's scan makes it), and ``alone``
-    (B*T,) bool, where that group is the position alone.
-
-    Each row's chain of groups starts at its first position and after every position t where ``alone``: every
-    group that holds such a t ends there. From each of these restarts the chain is followed to the next by pointer
-    doubling: round k adds the starts ``2**k`` to ``2**(k+1) - 1`` groups after each restart, ``jump`` holding the
-    start ``2**k`` groups ahead (``n``, which maps to itself, past the chain's next restart): ``log2`` of the
-    longest chain between two restarts rounds.
-    """
-    B, T = shape
-    n = B * T
-    is_start = torch.empty(n + 1, dtype=torch.bool, device=end.device)
-    is_start[0] = True
-    is_start[1:] = alone
-    is_start[:n:T] = True  # each row's first position
-    jump = torch.empty(n + 1, dtype=end.dtype, device=end.device)
-    torch.add(end, 1, out=jump[:n])
-    jump[n] = n
-    jump.masked_fill_(_take(is_start, jump), n)  # a restart (or the next row) stops the chain
-    frontier = torch.nonzero(is_start[:n] & (jump[:n] < n)).squeeze(1).to(end.dtype)  # the chains that go on
-    while frontier.numel():
-        ahead = _take(jump, frontier)
-        going = ahead < n  # a chain that stops within 2**k groups stops within 2**(k+1) too
-        is_start[ahead[going]] = True
-        frontier = torch.cat([frontier[going], ahead[going]])
-        jump = _take(jump, jump)  # twice as many groups ahead
-    ends = torch.empty((B, T), dtype=torch.bool, device=end.device)
-    ends[:, :-1] = is_start[:n].view(B, T)[:, 1:]
-    ends[:, -1] = True
+def _ends_from_starts(starts: torch.Tensor, invalid: torch.Tensor) -> torch.Tensor:
+    """Group ends (B, T) bool from the group starts ``starts`` (B, T): True before each start and where
+    :func:`turn_ends` of ``invalid`` (B, T) is."""
+    ends = turn_ends(invalid)
+    ends[:, :-1] |= starts[:, 1:]
     return ends
 
 
@@ -355,7 +397,8 @@ def segment_gae_step(delta: torch.Tensor, values: torch.Tensor, groups: Groups, 
     """
     params, ends, gamma, invalid = settings.group, groups.ends, settings.gamma, batch.invalid
     critic_x = segment_scan(delta, ends, invalid, gamma, settings.critic_lam)
-    returns = torch.add(critic_x, values).masked_fill_(invalid, 0.0)
+    returns = torch.add(critic_x, values, out=_new(values.shape, values.dtype, values.device))
+    returns.masked_fill_(invalid, 0.0)
     if params.policy_loss_on == "endpoints":  # token-level GAE
         x = segment_scan(delta, torch.ones_like(ends), invalid, gamma, lam)
         return returns, _PolicyX(x, batch.valid, groups.endpoint_mask)
@@ -363,7 +406,7 @@ def segment_gae_step(delta: torch.Tensor, values: torch.Tensor, groups: Groups, 
     x = critic_x if same else segment_scan(delta, ends, invalid, gamma, lam)
     if params.within_group == "per_token":
         return returns, _PolicyX(x, groups.first, None)
-    return returns, _PolicyX(_broadcast_from_starts(x, groups), groups.first, None)
+    return returns, _PolicyX(_broadcast_from_starts(x, groups.first), groups.first, None)
 
 
 def segment_scan(delta: torch.Tensor, ends: torch.Tensor, invalid: torch.Tensor, gamma: float,
@@ -372,14 +415,73 @@ def segment_scan(delta: torch.Tensor, ends: torch.Tensor, invalid: torch.Tensor,
 
     ``X_i = delta_i + gamma * (lam if i is an end else 1) * X_{i+1}`` backward over valid positions, X after the
     last = 0; masked positions pass X through (their residual is 0, their factor 1). ``ends`` (B, T) bool marks
-    the ends; ``lam`` is a float or a (B,) tensor of per-response lambdas. The scan runs in float64 (float32's
-    rounding, compounded over the scan's levels, would reach 1e-5 of the result at 32,768 tokens and lam near 1).
+    the ends; ``lam`` is a float or a (B,) tensor of per-response lambdas.
+
+    In closed form (:func:`_closed_form_scan`): the product of the factors before position i is
+    ``w_i = gamma**c_i * lam**e_i``, with c_i and e_i the counts of valid positions and of ends before i in its
+    row (integers: no rounding compounds), so ``X_i = sum_{j >= i} w_j delta_j / w_i``, a reversed cumulative
+    sum, in float64. Where a row's smallest w would leave float64's range (more than about 13,000 ends at
+    lam = 0.95), or gamma or lam is 0, the recursion runs as an associative scan (:func:`_affine_scan`).
+    At ``gamma = lam = 1`` it is a reversed cumulative sum.
     """
     if isinstance(lam, float) and gamma == 1.0 and lam == 1.0:  # every factor 1: a reversed cumulative sum
         return delta.flip(1).cumsum(1).flip(1)
+    out = _new(delta.shape, delta.dtype, delta.device)
+    for rows in row_blocks(delta.shape):
+        lam_rows = lam[rows] if isinstance(lam, torch.Tensor) else lam
+        x = _closed_form_scan(delta[rows], ends[rows], invalid[rows], gamma, lam_rows)
+        out[rows] = x if x is not None else _scan_rows(delta[rows], ends[rows], invalid[rows], gamma, lam_rows)
+    return out
+
+
+def _scan_rows(delta: torch.Tensor, ends: torch.Tensor, invalid: torch.Tensor, gamma: float,
+               lam: Union[float, torch.Tensor]) -> torch.Tensor:
+    """:func:`segment_scan` by the associative scan (:func:`_affine_scan`) in float64, any factors."""
     lam_ = lam.unsqueeze(1).double() if isinstance(lam, torch.Tensor) else lam
     factor = torch.where(ends, gamma * lam_, torch.full((), gamma, dtype=torch.float64, device=delta.device))
     return _affine_scan(factor.masked_fill_(invalid, 1.0), delta.double()).to(delta.dtype)
+
+
+#: the most negative log of a weight w_i the closed form uses: w and 1 / w stay far inside float64's range
+_LOG_WEIGHT_FLOOR = -600.0
+
+
+def _closed_form_scan(delta: torch.Tensor, ends: torch.Tensor, invalid: torch.Tensor, gamma: float,
+                      lam: Union[float, torch.Tensor]) -> Optional[torch.Tensor]:
+    """:func:`segment_scan` by its closed form; (B, T) in ``delta``'s dtype, or None where it does not apply."""
+    B, T = delta.shape
+    lams = (lam.double() if isinstance(lam, torch.Tensor)
+            else torch.tensor([float(lam)], dtype=torch.float64, device=delta.device))
+    if gamma == 0.0 or bool((lams == 0).any()) or T == 0:
+        return None
+    valid_ends = ends & ~invalid
+    e = torch.cumsum(valid_ends, 1, dtype=torch.int32).sub_(valid_ends.to(torch.int32))  # ends before i
+    log_w = e[:, -1:].double().mul_(lams.log().view(-1, 1))  # (B or 1, 1): log of each row's smallest weight
+    c = None
+    if gamma != 1.0:
+        c = torch.cumsum(~invalid, 1, dtype=torch.int32).sub_((~invalid).to(torch.int32))  # valid positions before i
+        log_w.add_(c[:, -1:].double() * math.log(gamma))
+    if B and float(log_w.min()) < _LOG_WEIGHT_FLOOR:
+        return None
+    if isinstance(lam, torch.Tensor):
+        w = e.double().mul_(lams.log().unsqueeze(1)).exp_()
+    else:
+        w = _take(torch.pow(lams, torch.arange(T + 1, dtype=torch.float64, device=delta.device)), e)
+        w = w.view(B, T)
+    if c is not None:
+        w.mul_(_take(torch.pow(torch.tensor(gamma, dtype=torch.float64, device=delta.device),
+                               torch.arange(T + 1, dtype=torch.float64, device=delta.device)), c).view(B, T))
+    total = _reversed_cumsum(torch.mul(w, delta, out=_new(w.shape, w.dtype, w.device)))
+    return torch.div(total, w, out=w).to(delta.dtype)
+
+
+def _reversed_cumsum(x: torch.Tensor) -> torch.Tensor:
+    """(R, T), in place on ``x`` (R, T) contiguous: the sums from each position to the end of its row."""
+    if x.device.type == "cpu":
+        view = x.numpy()[:, ::-1]
+        np.cumsum(view, axis=1, out=view)
+        return x
+    return x.flip(1).cumsum(1).flip(1)
 
 
 def _affine_scan(factor: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -406,14 +508,20 @@ def _affine_scan(factor: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return out if out.shape[1] == T else out[:, :T].contiguous()
 
 
-def _broadcast_from_starts(x: torch.Tensor, groups: Groups) -> torch.Tensor:
+def _broadcast_from_starts(x: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
     """(B, T), a new tensor: every position carries X of ``x`` (B, T) at the first token of its group (A_k = X at
-    s_k), found by the running count of group starts; masked positions carry their previous group's."""
-    heads = x.reshape(-1)[groups.slots]
-    if heads.numel() == 0:
-        return torch.zeros_like(x)
-    group = torch.cumsum(groups.first.view(-1), 0, dtype=_index_dtype(x.numel())).sub_(1).clamp_(min=0)
-    return _take(heads, group).view_as(x)  # each position's group, counted in flat order
+    s_k; ``first`` (B, T) bool marks those), found by the running count of group starts; masked positions carry
+    their previous group's."""
+    out = _new(x.shape, x.dtype, x.device)
+    for rows in row_blocks(x.shape):
+        starts = first[rows].reshape(-1)
+        heads = _take(x[rows].reshape(-1), _flat_nonzero(starts, _index_dtype(starts.numel())))
+        if heads.numel() == 0:
+            out[rows] = 0.0
+            continue
+        group = torch.cumsum(starts, 0, dtype=torch.int32).sub_(1).clamp_(min=0)  # each position's, in flat order
+        out[rows] = _take(heads, group).view(-1, x.shape[1])
+    return out
 
 
 # --------------------------------------------------------------------------------------------------
@@ -476,8 +584,37 @@ def _index_dtype(size: int) -> torch.dtype:
     return torch.int32 if size < 2**31 else torch.int64
 
 
+def _flat_nonzero(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """(N,) the positions where the 1-D bool ``mask`` is True, ascending, in ``dtype`` (numpy on CPU: faster)."""
+    if mask.device.type == "cpu":
+        return torch.from_numpy(np.flatnonzero(mask.numpy()).astype(np.dtype(str(dtype).split(".")[1]), copy=False))
+    return torch.nonzero(mask).squeeze(1).to(dtype)
+
+
+def _cumsum64(x: torch.Tensor, out: torch.Tensor) -> None:
+    """The running sum of the 1-D ``x`` into the float64 ``out`` of its length, added in order (numpy on CPU:
+    twice as fast as torch there, the same sums)."""
+    if x.device.type == "cpu":
+        np.cumsum(x.numpy(), dtype=np.float64, out=out.numpy())
+    else:
+        torch.cumsum(x, 0, dtype=torch.float64, out=out)
+
+
+_NUMPY_DTYPES = {torch.float32: np.float32, torch.float64: np.float64, torch.int32: np.int32, torch.int64: np.int64,
+                 torch.bool: np.bool_}
+
+
+def _new(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """An uninitialised tensor. On CPU its memory comes from numpy, which asks the kernel for huge pages for large
+    buffers: the first touch of a fresh (B, T) buffer then costs a few page faults instead of thousands."""
+    if device.type == "cpu" and dtype in _NUMPY_DTYPES:
+        return torch.from_numpy(np.empty(shape, dtype=_NUMPY_DTYPES[dtype]))
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
 def _take(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """``table[index]`` for a 1-D ``table`` (numpy's ``take`` on CPU, several times faster there than torch's)."""
+    """``table[index]`` for a 1-D ``table``, of ``index``'s shape (numpy's ``take`` on CPU, several times faster
+    there than torch's)."""
     if table.device.type == "cpu":
         return torch.from_numpy(np.take(table.numpy(), index.numpy()))
     return table[index]
