@@ -49,7 +49,7 @@
 #             segment_tokens = the spec's value_group_size, unless an override sets a tree_rollout key; with
 #             group_ppo and the prefix_tree value source also boundary_rule=tree and policy_lam=0 (each segment's
 #             advantage V(child) - V(parent)) unless an override sets them. Not with MULTI_TURN=1
- (default 5: the run yields to interactive work)
+#   NICE      nice level of the run (default 5: the run yields to interactive work)
 #   DEVICE    cpu (default): the CPU backend (VERL_PLATFORM=cpu, trainer.device=cpu, 8 logical Ray CPUs, the
 #             spec's threads). cuda: verl on GPUs, the same tasks and settings otherwise: no VERL_PLATFORM
 #             (an inherited one is unset), trainer.device=cuda, Ray's CPUs = `nproc`, threads per process =
