@@ -255,7 +255,7 @@ def run_watched(args: Sequence[str], env: dict[str, str], log_path: Path, stall_
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
-    """SIGTERM to the process group of ``proc`` (it leads its own session), SIGKILL after 10 s."""
+    """SIGTERM to the process group ``proc`` leads (started with ``start_new_session``), SIGKILL after 10 s."""
     for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 30)):
         try:
             os.killpg(proc.pid, sig)

@@ -142,7 +142,7 @@ async def _run_tree(shape, server, response_length=12, prompt=(1, 2, 3), n=None)
     plans = tree_plan(shape, n)
     tree = registry.tree(("uid", 0))
     order = list(plans)
-    random.Random(0).shuffle(order)  # verl starts the tasks in session order; any order must work
+    random.Random(0).shuffle(order)  # verl starts the tasks in sample order; any order must work
     results = await asyncio.gather(*[
         sample_in_tree(tree, p, shape, list(prompt), server.generate, response_length) for p in order])
     for _ in plans:

@@ -62,11 +62,11 @@ def _config(shape: dict, n: int):
 async def _run(tokenizer, server, shape: dict, n: int, uid: str = "u0"):
     config = _config(shape, n)
 
-    async def one(session: int):
+    async def one(sample: int):
         loop = TreeAgentLoop(trainer_config=DictConfigWrap(config), server_manager=server, tokenizer=tokenizer,
                              processor=None, dataset_cls=RLHFDataset, data_config=DictConfigWrap(config.data))
         return await loop.run({"temperature": 1.0}, raw_prompt=[{"role": "user", "content": "1 + 2 ="}], uid=uid,
-                              session_id=session, global_steps=1)
+                              session_id=sample, global_steps=1)
 
     return await asyncio.gather(*[one(i) for i in range(n)])
 

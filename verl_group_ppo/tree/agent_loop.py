@@ -52,9 +52,9 @@ class TreeAgentLoop(AgentLoopBase):
         if await self.process_multi_modal_info(messages):
             raise ValueError(f"the {AGENT_NAME} agent loop takes text prompts only; this row has multi-modal inputs "
                              "(use actor_rollout_ref.rollout.agent.default_agent_loop=single_turn_agent)")
-        session = int(kwargs["session_id"])
+        sample = int(kwargs["session_id"])  # verl numbers a prompt's samples 0..n-1
         key = (str(kwargs["uid"]), kwargs.get("global_steps"))
-        plan = tree_plan(self.shape, session + 1)[session]
+        plan = tree_plan(self.shape, sample + 1)[sample]
         prompt_ids = await self.ct_build_initial_tokens(messages)
         tree = TREES.tree(key)
         server_fields: dict[str, Any] = {}
@@ -73,7 +73,7 @@ class TreeAgentLoop(AgentLoopBase):
             fields = dict(output.extra_fields)
             if plan.parent is not None:
                 fields = weight_span(tree.notes.get(plan.parent, {}), fields)
-            tree.notes[session] = fields
+            tree.notes[sample] = fields
             server_fields.update(fields)
             metrics.setdefault("num_preempted", output.num_preempted if output.num_preempted is not None else -1)
             ids = list(output.token_ids)
