@@ -107,7 +107,7 @@ class GroupParams:
             return cls()
         if isinstance(obj, GroupParams):
             return obj
-        raw = _to_plain_dict(obj, GROUP_PARAMS_PATH)
+        raw = to_plain_dict(obj, GROUP_PARAMS_PATH)
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(raw) - known)
         if unknown:
@@ -373,7 +373,7 @@ def _coerce_bool(name: str, value: Any) -> bool:
     raise ValueError(f"{name} must be true or false, got {value!r}")
 
 
-def _to_plain_dict(obj: Any, name: str) -> dict[str, Any]:
+def to_plain_dict(obj: Any, name: str) -> dict[str, Any]:
     """A plain dict from a mapping or an OmegaConf node (resolving interpolations)."""
     try:
         from omegaconf import DictConfig, OmegaConf

@@ -31,7 +31,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Optional, Sequence
+
+from verl_group_ppo.config import to_plain_dict
 
 __all__ = ["BRANCH_RULES", "SHARED_PREFIX", "TREE_PATH", "SamplePlan", "TreeShape", "branch_position", "tree_plan"]
 
@@ -107,7 +109,7 @@ class TreeShape:
             return cls()
         if isinstance(obj, TreeShape):
             return obj
-        raw = _plain(obj)
+        raw = to_plain_dict(obj, TREE_PATH)
         known = ("roots", "branching", "segment_tokens", "branch_rule", "window", "shared_prefix")
         unknown = sorted(set(raw) - set(known))
         if unknown:
@@ -207,15 +209,3 @@ def _digits(i: int, branching: Sequence[int]) -> list[int]:
         digits.append(i % base)
         i //= base
     return digits[::-1]
-
-
-def _plain(obj: Any) -> dict[str, Any]:
-    try:
-        from omegaconf import DictConfig, OmegaConf
-    except ImportError:  # pragma: no cover - omegaconf comes with verl
-        DictConfig = ()  # type: ignore[assignment]
-    if DictConfig and isinstance(obj, DictConfig):
-        return dict(OmegaConf.to_container(obj, resolve=True))  # type: ignore[arg-type]
-    if isinstance(obj, Mapping):
-        return dict(obj)
-    raise ValueError(f"{TREE_PATH} must be a mapping of the tree's keys, got {type(obj).__name__}")
