@@ -235,13 +235,7 @@ def group_start_mask(endpoints: torch.Tensor, response_mask: torch.Tensor) -> to
     exist. ``endpoints`` (B, T) bool (step 2's) must be False at masked positions.
     """
     valid = check_mask(response_mask, "response_mask")
-    if endpoints.shape != valid.shape:
-        raise ValueError(f"endpoints must have the shape of response_mask {tuple(valid.shape)}, "
-                         f"got {tuple(endpoints.shape)}")
-    endpoints = endpoints.bool()
-    if bool((endpoints & ~valid).any()):
-        raise ValueError("endpoints must be False at masked positions of response_mask")
-    return group_starts(endpoints | ~valid, valid)  # a masked position ends a group too
+    return group_starts(_checked_endpoints(endpoints, valid) | ~valid, valid)  # a masked position ends a group too
 
 
 @torch.no_grad()
@@ -437,14 +431,20 @@ def _given_ends(endpoints: Optional[torch.Tensor], batch: Batch) -> Optional[tor
     and at every masked position. None when ``endpoints`` is None."""
     if endpoints is None:
         return None
-    shape = tuple(batch.valid.shape)
+    return torch.logical_or(turn_ends(batch.invalid), _checked_endpoints(endpoints, batch.valid))
+
+
+def _checked_endpoints(endpoints: Any, valid: torch.Tensor) -> torch.Tensor:
+    """``endpoints`` (B, T) 0/1 as bool on ``valid``'s device, after checking it has ``valid``'s (B, T) shape and is
+    False wherever ``valid`` (the response mask as bool) is."""
+    shape = tuple(valid.shape)
     if not isinstance(endpoints, torch.Tensor) or tuple(endpoints.shape) != shape:
         raise ValueError(f"endpoints must be a (B, T) tensor of the shape of response_mask {shape}, "
                          f"got {describe(endpoints)}")
-    ends = check_mask(endpoints, "endpoints").to(batch.valid.device)
-    if bool((ends & ~batch.valid).any()):
+    ends = check_mask(endpoints, "endpoints").to(valid.device)
+    if bool((ends & ~valid).any()):
         raise ValueError("endpoints must be False at masked positions of response_mask")
-    return torch.logical_or(turn_ends(batch.invalid), ends)
+    return ends
 
 
 def _policy_lambda(batch: Batch, settings: AlgorithmSettings) -> Union[float, torch.Tensor]:
