@@ -81,10 +81,3 @@ def prompt_rows(index: IndexLike, batch_size: int) -> list[torch.Tensor]:
     one per prompt in sorted order of the ids."""
     ids = prompt_ids(index, batch_size)
     return [torch.from_numpy(np.flatnonzero(ids == group)) for group in range(int(ids.max()) + 1 if len(ids) else 0)]
-
-
-def describe(x: Any) -> str:
-    """A short description of an argument for error messages."""
-    if isinstance(x, torch.Tensor):
-        return f"tensor of shape {tuple(x.shape)} and dtype {x.dtype}"
-    return type(x).__name__

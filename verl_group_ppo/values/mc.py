@@ -19,7 +19,8 @@ import torch
 
 from verl_group_ppo.config import AlgorithmSettings
 from verl_group_ppo.core_algos import IndexLike, find_group_endpoints, group_start_mask
-from verl_group_ppo.values.batch import BatchFields, BoundaryValues, describe, prompt_rows
+from verl_group_ppo.estimator.checks import describe
+from verl_group_ppo.values.batch import BatchFields, BoundaryValues, prompt_rows
 
 __all__ = ["ContinuationSampler", "Continuations", "Prefix", "boundary_prefixes", "mc_boundary_values",
            "mc_endpoints", "mc_source"]

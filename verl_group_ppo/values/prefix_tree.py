@@ -35,7 +35,8 @@ from __future__ import annotations
 import torch
 
 from verl_group_ppo.core_algos import IndexLike
-from verl_group_ppo.values.batch import BatchFields, BoundaryValues, describe, prompt_rows
+from verl_group_ppo.estimator.checks import describe
+from verl_group_ppo.values.batch import BatchFields, BoundaryValues, prompt_rows
 
 __all__ = ["branch_endpoints", "prefix_tree_source", "prefix_tree_values", "shared_prefix_lengths"]
 
