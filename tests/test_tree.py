@@ -115,6 +115,7 @@ def test_tree_token_counts():
 import asyncio
 import random
 
+from verl_group_ppo.tree.assemble import prefix_length
 from verl_group_ppo.tree.coordinator import TreeRegistry, sample_in_tree
 
 
@@ -171,8 +172,10 @@ def test_every_row_copies_its_parent_up_to_the_branch_point_and_generates_only_i
         assert row.reply.ids[:q] == parent.ids[:q]
         assert row.reply.log_probs[:q] == parent.log_probs[:q]
         assert row.generated == len(row.reply.ids) - q >= 1
-        assert row.reply.mask[:q] == ([0] * q if shared_prefix == "once" else [1] * q)
-        assert row.reply.mask[q:] == [1] * row.generated
+        # once: 0 on the copied prefix and on any first sampled tokens that repeat the parent's
+        masked = prefix_length(row.reply.ids, parent.ids) if shared_prefix == "once" else 0
+        assert masked >= (q if shared_prefix == "once" else 0)
+        assert row.reply.mask == [0] * masked + [1] * (len(row.reply.ids) - masked)
         if rule == "fixed":
             assert q == min(plans[i].nominal_position, len(parent.ids) - 1)
         assert len(row.reply.ids) <= 12
@@ -183,6 +186,32 @@ def test_every_row_copies_its_parent_up_to_the_branch_point_and_generates_only_i
                        12 - r.position if r.parent >= 0 else -1) for r in rows.values())
     assert asked == expected
     assert sum(n for _, _, n in server.requests) == sum(r.generated for r in rows.values())
+
+
+@pytest.mark.parametrize("shared_prefix", ["once", "per_leaf"])
+def test_a_child_whose_first_tokens_repeat_its_parents_trains_from_where_it_parts(shared_prefix):
+    """A child branched at q = 2 samples the parent's token at 2 again and parts at 3: with ``once`` the repeated
+    token is the parent's tree node (trained in the parent's row), so the child's mask is 0 through position 2 and
+    its first trained token is its first token off the parent's path (where the tree's value changes)."""
+    root = [10, 11, 12, 13, 14, 15]
+
+    async def generate(token_ids, max_tokens):
+        if len(token_ids) == 3:  # the root, from the prompt (1, 2, 3)
+            ids = root
+        else:  # the child, from prompt + root[:2]: repeats root[2], then parts
+            ids = [12, 40, 41]
+        return Reply(ids=ids, mask=[1] * len(ids), log_probs=[-0.5] * len(ids))
+
+    shape = TreeShape(roots=1, branching=(2,), segment_tokens=2, shared_prefix=shared_prefix)
+    rows = asyncio.run(_run_tree(shape, _Scripted(generate), n=2))
+    child = next(r for r in rows.values() if r.parent >= 0)
+    assert child.position == 2 and child.generated == 3 and child.reply.ids == [10, 11, 12, 40, 41]
+    assert child.reply.mask == ([0, 0, 0, 1, 1] if shared_prefix == "once" else [1] * 5)
+
+
+class _Scripted:
+    def __init__(self, generate):
+        self.generate = generate
 
 
 def test_a_full_tree_generates_fewer_tokens_than_its_rows_hold():

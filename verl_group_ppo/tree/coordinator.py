@@ -16,7 +16,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Hashable, Optional
 
-from verl_group_ppo.tree.assemble import Reply, child_reply
+from verl_group_ppo.tree.assemble import Reply, child_reply, prefix_length
 from verl_group_ppo.tree.shape import SamplePlan, TreeShape, branch_position
 
 __all__ = ["Tree", "TreeRegistry", "TreeSample", "sample_in_tree"]
@@ -134,10 +134,13 @@ async def sample_in_tree(tree: Tree, plan: SamplePlan, shape: TreeShape, prompt_
         tree.fail(plan.index, error)
         raise
     tree.publish(plan.index, result.reply)
-    if shape.shared_prefix == "once" and result.position:
-        q = result.position
-        masked = Reply(ids=result.reply.ids, mask=[0] * q + result.reply.mask[q:], log_probs=result.reply.log_probs)
-        result = TreeSample(masked, result.parent, q, result.generated)
+    if shape.shared_prefix == "once" and plan.parent is not None:
+        # the copied prefix, and any first tokens of the tail that repeat the parent's: those are the parent's
+        # tree nodes, trained in the parent's row, and the child's first trained token is where it parts from it
+        shared = prefix_length(result.reply.ids, parent.ids)
+        masked = Reply(ids=result.reply.ids, mask=[0] * shared + result.reply.mask[shared:],
+                       log_probs=result.reply.log_probs)
+        result = TreeSample(masked, result.parent, result.position, result.generated)
     return result
 
 
