@@ -83,7 +83,10 @@ def test_advantage_step_stores_exactly_the_core_outputs(ray_tq, overrides, hande
     assert torch.equal(weights, expected_weights(out, expected.critic_mask))
     if ROLLOUT_CORRECTION[0] not in overrides:  # nothing rejected: exactly the core's N_valid / N_boundary
         assert torch.equal(weights, expected.critic_loss_weights.float())
-    assert {k: metrics[k] for k in expected.metrics} == expected.metrics
+    core_metrics = dict(expected.metrics)
+    if metrics["group/prompts_scored_alike"] == 1.0:  # no prompt's replies differ: the boundary EV is left out
+        del core_metrics["group/boundary_explained_variance"]
+    assert {k: metrics[k] for k in core_metrics} == core_metrics
     assert metrics["group/threshold"] == 1.0
     assert handed_endpoints == [None]  # with the critic's values the estimator finds the groups
     # verl's own steps ran on the way
@@ -105,6 +108,26 @@ def test_group_metrics_come_from_the_core(ray_tq):
     assert {"group/size_p50", "group/size_p90", "group/policy_lam", "group/critic_lam"} <= set(metrics)
     assert (metrics["group/policy_lam"], metrics["group/critic_lam"]) == (0.9, 0.95)
     assert {k: metrics[k] for k in expected.metrics} == expected.metrics
+
+
+def test_boundary_ev_is_left_out_of_a_step_where_every_prompt_scored_alike(ray_tq):
+    trainer = U.make_trainer()
+    samples = U.make_samples(n_prompts=3, n_per_prompt=2, seed=9, with_padding_row=False)
+    scores = [float(s["rm_scores"].sum()) for s in samples]
+    differs = [scores[2 * p] != scores[2 * p + 1] for p in range(3)]
+    assert any(differs), "the seed must give a prompt whose replies differ"
+    metrics: dict = {}
+    trainer._compute_advantage(U.put_samples(samples), metrics)
+    assert metrics["group/prompts_scored_alike"] == pytest.approx(1 - sum(differs) / 3)
+    assert "group/boundary_explained_variance" in metrics
+    for s in samples:  # every reply scores 1 at its last token: no prompt has a signal
+        s["rm_scores"] = torch.zeros_like(s["rm_scores"])
+        s["rm_scores"][-1] = 1.0
+    metrics = {}
+    trainer._compute_advantage(U.put_samples(samples), metrics)
+    assert metrics["group/prompts_scored_alike"] == 1.0
+    assert "group/boundary_explained_variance" not in metrics
+    assert "group/mean_group_size" in metrics
 
 
 @pytest.mark.parametrize("mode", ["colocate_async", "separate_async"])

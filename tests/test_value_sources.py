@@ -7,6 +7,7 @@ import ast
 import pathlib
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
@@ -335,3 +336,18 @@ def test_the_pure_value_modules_import_no_verl_and_no_glue():
                 assert name != "verl" and not name.startswith("verl."), (path.name, name)
                 assert not any(name.endswith(f".{g}") for g in glue), (path.name, name)
                 assert not name.startswith("verl_group_ppo.integration"), (path.name, name)
+
+
+# ------------------------------------------------------------------ prompts scored alike (group/prompts_scored_alike)
+
+from verl_group_ppo.metrics import prompts_scored_alike
+
+
+def test_prompts_scored_alike_counts_the_prompts_whose_replies_all_score_the_same():
+    scores = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.5, 0.5, 0.25])
+    ids = np.array([0, 0, 1, 1, 2, 2, 3])  # prompt 3 has one reply: alike by itself
+    assert prompts_scored_alike(scores, ids) == pytest.approx(3 / 4)
+    assert prompts_scored_alike(torch.zeros(4), np.array([0, 0, 1, 1])) == 1.0
+    assert np.isnan(prompts_scored_alike(torch.zeros(0), np.zeros(0, dtype=np.int64)))
+    with pytest.raises(ValueError, match="scores must have shape \\(3,\\)"):
+        prompts_scored_alike(torch.zeros(2), np.array([0, 1, 1]))

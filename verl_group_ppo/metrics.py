@@ -15,7 +15,7 @@ import torch
 
 from verl_group_ppo.config import AlgorithmSettings
 
-__all__ = ["group_metrics", "probability_metrics", "sum_of_squares"]
+__all__ = ["group_metrics", "probability_metrics", "prompts_scored_alike", "sum_of_squares"]
 
 
 def group_metrics(settings: AlgorithmSettings, valid: torch.Tensor, n_valid: int, advantages: torch.Tensor,
@@ -61,6 +61,32 @@ def probability_metrics(old_log_probs: torch.Tensor, valid: torch.Tensor, endpoi
     return {"group/prob_at_endpoints": mean_at(endpoints),
             "group/prob_at_group_starts": mean_at(starts),
             "group/prob_elsewhere": mean_at(valid & ~endpoints & ~starts)}
+
+
+def prompts_scored_alike(scores: torch.Tensor, prompt_ids: np.ndarray) -> float:
+    """The fraction of prompts whose replies all got the same score: no estimator has a signal there, and a value
+    source that reads the replies' own rewards (``prefix_tree``) reads them perfectly. At 1.0 the step's boundary
+    explained variance says nothing about the values, and the trainer leaves it out of the step's metrics.
+
+    Args:
+        scores: (B,) each reply's score.
+        prompt_ids: (B,) int prompt ids 0..P-1 (:func:`verl_group_ppo.estimator.checks.prompt_ids`).
+
+    Returns:
+        In [0, 1]; NaN for an empty batch.
+    """
+    if scores.dim() != 1 or scores.shape[0] != len(prompt_ids):
+        raise ValueError(f"scores must have shape ({len(prompt_ids)},) (one per reply), got {tuple(scores.shape)}")
+    if len(prompt_ids) == 0:
+        return math.nan
+    values = scores.detach().double().cpu().numpy()
+    n_prompts = int(prompt_ids.max()) + 1
+    low = np.full(n_prompts, np.inf)
+    high = np.full(n_prompts, -np.inf)
+    np.minimum.at(low, prompt_ids, values)
+    np.maximum.at(high, prompt_ids, values)
+    present = np.bincount(prompt_ids, minlength=n_prompts) > 0
+    return float(np.mean(low[present] == high[present]))
 
 
 def sum_of_squares(x: torch.Tensor) -> float:

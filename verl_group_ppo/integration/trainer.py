@@ -55,11 +55,13 @@ from verl.workers.utils.padding import response_to_nested
 from verl_group_ppo.config import GROUP_PARAMS_PATH, AlgorithmSettings, read_algorithm_settings, select
 from verl_group_ppo import values
 from verl_group_ppo.core_algos import AdaptiveThreshold, GroupPPOOutputs, boundary_loss_weights
+from verl_group_ppo.estimator.checks import prompt_ids
 from verl_group_ppo.integration import ESTIMATOR_NAME, checkpoint, rollout_groups
 from verl_group_ppo.integration.startup import is_group_ppo
 from verl_group_ppo.integration.critic_loss import CRITIC_WEIGHTS_KEY, make_critic_loss_fn
 from verl_group_ppo.integration.estimator import estimator_inputs
 from verl_group_ppo.integration.failures import guarded
+from verl_group_ppo.metrics import prompts_scored_alike
 from verl_group_ppo.tree.cost import tree_token_counts
 from verl_group_ppo.tree.limits import uses_tree_rollout
 from verl_group_ppo.values import mc_rollout
@@ -130,14 +132,19 @@ class GroupPPOTrainerMixin:
             batch = store_per_token(batch, {CRITIC_WEIGHTS_KEY: weights}, data["response_mask"])
         self.group_threshold.update(outputs)
         metrics.update(outputs.metrics)
+        alike = prompts_scored_alike(fields.scores, prompt_ids(fields.uid, len(fields.uid)))
+        metrics["group/prompts_scored_alike"] = alike
+        if alike == 1.0:  # no prompt's replies differ: the values' fit at the boundaries means nothing this step
+            metrics.pop("group/boundary_explained_variance", None)
         if self._rollout_data_dir():
             self._group_records.extend(self._records(batch, data, fields, outputs, boundary.values))
         return batch
 
     def _own_fields(self) -> list[str]:
         """What the advantage step reads besides the value source's fields: ``loss_mask`` for the critic's
-        weights, ``old_log_probs`` for the ``low_prob`` rule, the groups dump's fields."""
-        fields = ["response_mask", *(["loss_mask"] if self.use_critic else [])]
+        weights, ``old_log_probs`` for the ``low_prob`` rule, ``rm_scores`` and ``uid`` for
+        ``group/prompts_scored_alike``, the groups dump's fields."""
+        fields = ["response_mask", "rm_scores", "uid", *(["loss_mask"] if self.use_critic else [])]
         if self.group_settings.group.boundary_rule == "low_prob":
             fields.append("old_log_probs")
         return fields + (DUMP_FIELDS if self._rollout_data_dir() else [])
