@@ -105,6 +105,18 @@ def test_tree_endpoints_cut_at_every_branch_point_of_the_row():
     assert ends[1].nonzero().flatten().tolist() == [3]
 
 
+def test_tree_round_seconds_are_the_mean_time_in_generate_per_level():
+    from verl_group_ppo.tree.cost import tree_round_seconds
+
+    levels = torch.tensor([0, 2, 1, 2, 0, 2, 1, 2])
+    seconds = torch.tensor([4.0, 1.0, 2.0, 3.0, 6.0, 1.0, 4.0, 3.0])
+    assert tree_round_seconds(levels, seconds) == {"group/tree_round0_generate_s": 5.0,
+                                                   "group/tree_round1_generate_s": 3.0,
+                                                   "group/tree_round2_generate_s": 2.0}
+    with pytest.raises(ValueError, match="seconds must have the shape of levels"):
+        tree_round_seconds(levels, seconds[:3])
+
+
 def test_tree_token_counts():
     assert tree_token_counts(torch.tensor([5, 4, 3]), torch.tensor([5, 1, 2])) == {
         "group/tree_generated_tokens": 8.0, "group/tree_path_tokens": 12.0}

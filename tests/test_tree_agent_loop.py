@@ -19,6 +19,7 @@ from verl_group_ppo.tasks.tiny import prepare as prep
 from verl_group_ppo.tasks.tiny.problems import make_task, split_problems
 from verl_group_ppo.tree import TreeShape, tree_plan
 from verl_group_ppo.tree.agent_loop import TREES, TreeAgentLoop
+from verl_group_ppo.tree.assemble import prefix_length
 
 RESPONSE_LENGTH = 12
 
@@ -97,13 +98,18 @@ def test_rows_copy_their_parents_prefix_and_the_server_generates_only_tails(toke
             parent = rows[extra["tree_parent"]]
             assert row.response_ids[:q] == parent.response_ids[:q]
             assert row.response_logprobs[:q] == parent.response_logprobs[:q]
-            assert row.response_mask[:q] == ([0] * q if shared_prefix == "once" else [1] * q)
+            # once: 0 on the copied prefix and on any first sampled tokens that repeat the parent's
+            masked = prefix_length(row.response_ids, parent.response_ids) if shared_prefix == "once" else 0
+            assert row.response_mask == [0] * masked + [1] * (len(row.response_ids) - masked)
             # the prefix's weight versions count: verl's staleness control reads these from every row
             assert extra["min_global_steps"] <= parent.extra_fields["min_global_steps"]
             assert extra["max_global_steps"] >= parent.extra_fields["max_global_steps"]
             assert (prompt + row.response_ids[:q], RESPONSE_LENGTH - q) in [
                 (ids, params.get("max_tokens")) for ids, params in server.requests]
-        assert row.response_mask[q:] == [1] * (len(row.response_ids) - q)
+        else:
+            assert row.response_mask == [1] * len(row.response_ids)
+        assert extra["tree_level"] == plans[i].level
+        assert extra["tree_generate_s"] > 0
     copied = sum(len(ids) - len(prompt) for ids, _ in server.requests)  # prefixes sent to the server
     assert sum(r.extra_fields["tree_generated_tokens"] for r in rows) + copied == sum(
         len(r.response_ids) for r in rows)
@@ -119,6 +125,11 @@ def test_tree_metrics_read_the_rows_as_verl_stores_them():
             for n, g in ((5, 5), (5, 2), (2, 2), (4, 3))]
     assert tree_metrics(list_of_dict_to_tensordict(rows)) == {"group/tree_generated_tokens": 12.0,
                                                                "group/tree_path_tokens": 16.0}
+    for row, (level, seconds) in zip(rows, ((0, 1.0), (1, 0.5), (0, 3.0), (1, 1.5))):
+        row["extra_fields"] = {**row["extra_fields"], "tree_level": level, "tree_generate_s": seconds}
+    assert tree_metrics(list_of_dict_to_tensordict(rows)) == {
+        "group/tree_generated_tokens": 12.0, "group/tree_path_tokens": 16.0,
+        "group/tree_round0_generate_s": 2.0, "group/tree_round1_generate_s": 1.0}
     rows[1]["extra_fields"] = {}
     with pytest.raises(RuntimeError, match="1 of 4 rows carry no tree position"):
         tree_metrics(list_of_dict_to_tensordict(rows))

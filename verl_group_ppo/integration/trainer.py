@@ -62,7 +62,7 @@ from verl_group_ppo.integration.critic_loss import CRITIC_WEIGHTS_KEY, make_crit
 from verl_group_ppo.integration.estimator import estimator_inputs
 from verl_group_ppo.integration.failures import guarded
 from verl_group_ppo.metrics import prompts_scored_alike
-from verl_group_ppo.tree.cost import tree_token_counts
+from verl_group_ppo.tree.cost import tree_round_seconds, tree_token_counts
 from verl_group_ppo.tree.limits import uses_tree_rollout
 from verl_group_ppo.values import mc_rollout
 
@@ -243,7 +243,8 @@ def fetch(batch: KVBatchMeta, fields: list[str], optional: Sequence[str] = ()) -
 
 def tree_metrics(data: Any) -> dict[str, float]:
     """``group/tree_generated_tokens`` and ``group/tree_path_tokens`` from the rows' ``extra_fields`` (the tree
-    rollout records each row's own generated tokens there) and their jagged ``response_mask``."""
+    rollout records each row's own generated tokens there) and their jagged ``response_mask``; and
+    ``group/tree_round{l}_generate_s``, the rounds' time in the server (:func:`tree_round_seconds`)."""
     stored = data.get("extra_fields")  # a NonTensorStack of the rows' dicts
     extra = stored.tolist() if hasattr(stored, "tolist") else list(stored)
     missing = [i for i, fields in enumerate(extra) if "tree_generated_tokens" not in (fields or {})]
@@ -253,7 +254,12 @@ def tree_metrics(data: Any) -> dict[str, float]:
                            "overrides actor_rollout_ref.rollout.agent.default_agent_loop?)")
     lengths = torch.tensor([len(row) for row in data["response_mask"].unbind()], dtype=torch.long)
     generated = torch.tensor([int(fields["tree_generated_tokens"]) for fields in extra], dtype=torch.long)
-    return tree_token_counts(lengths, generated)
+    metrics = tree_token_counts(lengths, generated)
+    if all("tree_generate_s" in fields for fields in extra):
+        levels = torch.tensor([int(fields["tree_level"]) for fields in extra], dtype=torch.long)
+        seconds = torch.tensor([float(fields["tree_generate_s"]) for fields in extra], dtype=torch.float64)
+        metrics.update(tree_round_seconds(levels, seconds))
+    return metrics
 
 
 def padded_field(data: Any, name: str) -> torch.Tensor:

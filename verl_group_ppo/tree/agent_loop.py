@@ -9,7 +9,8 @@ Each sample (verl's ``session_id``) instantiates this class and calls :meth:`Tre
 one prompt meet in this worker's :data:`TREES`, keyed by ``(uid, global_steps)``
 (:func:`~verl_group_ppo.tree.coordinator.sample_in_tree`). A sample asks the server only for its own tail; its row
 is an ordinary verl row (prompt + full reply, scored by the run's reward function), with its tree position in
-``extra_fields``: ``tree_parent`` (-1 for a root), ``tree_branch_position``, ``tree_generated_tokens``, beside
+``extra_fields``: ``tree_parent`` (-1 for a root), ``tree_branch_position``, ``tree_generated_tokens``,
+``tree_level`` (0 for a root) and ``tree_generate_s`` (its time in the server's ``generate``), beside
 the server's own fields (``min_global_steps`` / ``max_global_steps`` widened to the parent's: :func:`weight_span`).
 
 Text prompts only: a row with images, videos or audio is refused.
@@ -101,7 +102,8 @@ class TreeAgentLoop(AgentLoopBase):
             response_logprobs=reply.log_probs[:length] if reply.log_probs else None,
             num_turns=2,
             metrics=metrics,
-            extra_fields={**server_fields, "turn_scores": [], "tool_rewards": [], **sample.extra_fields()},
+            extra_fields={**server_fields, "turn_scores": [], "tool_rewards": [], **sample.extra_fields(),
+                          "tree_level": plan.level, "tree_generate_s": metrics["generate_sequences"]},
         )
         return output
 
