@@ -166,6 +166,37 @@ def test_step_scaling_needs_two_steps_before_running_anything(tmp_path):
     assert not (tmp_path / "logs").exists()
 
 
+def test_tree_bench_reads_shapes_and_refuses_mixed_sizes_before_running_anything(tmp_path):
+    bench = _load("bench_tree_rollout")
+    assert bench.parse_shape("2x2x2:4") == {"roots": 2, "branching": [2, 2], "segment_tokens": 4}
+    assert bench.shape_size(bench.parse_shape("4x2:3")) == 8
+    for bad in ("2x2", "2x1:4", "ax2:4", "2x2:0"):
+        with pytest.raises(SystemExit, match="--shapes"):
+            bench.parse_shape(bad)
+    with pytest.raises(SystemExit, match="--shapes: every shape must give the same replies per prompt"):
+        bench.main(["--shapes", "2x2x2:4,2x2:4", "--log-dir", str(tmp_path / "logs")])
+    assert not (tmp_path / "logs").exists()
+
+
+def test_tree_bench_summarizes_tokens_times_and_rounds_after_the_first_step():
+    bench = _load("bench_tree_rollout")
+    from benchlib import LauncherRun
+
+    steps = {s: {"timing_s/gen": 10.0 * s, "timing_s/step": 20.0 * s, "group/tree_generated_tokens": 50.0 + s,
+                 "group/tree_path_tokens": 100.0, "group/tree_round0_generate_s": 1.0 * s,
+                 "group/tree_round1_generate_s": 0.5} for s in (1, 2, 3)}
+    row = bench.summarize(LauncherRun("cmd", 9.0, steps))
+    assert row["generated_over_path"] == pytest.approx((52 + 53) / 200)
+    assert (row["gen_s"], row["step_s"]) == (25.0, 50.0)
+    assert row["round_generate_s"] == {"tree_round0_generate_s": 2.5, "tree_round1_generate_s": 0.5}
+    independent = bench.summarize(LauncherRun("cmd", 9.0, {s: {"timing_s/gen": 5.0, "timing_s/step": 10.0}
+                                                           for s in (1, 2)}))
+    assert independent["generated_over_path"] == 1.0
+    lines = bench.table([{**independent, "rollout": "independent", "n": 8},
+                         {**row, "rollout": "2x2x2:4", "n": 8}]).splitlines()
+    assert lines[3].split("|")[3:8] == [" 0.525 ", " 25.00 ", " 5.00 ", " 50.00 ", " 5.00 "]
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # bench_gpu_runs: the CUDA runs' driver (its runs need a GPU; its inputs and records are checked here)
 
