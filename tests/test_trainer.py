@@ -304,6 +304,34 @@ def test_rollout_dump_writes_the_groups_beside_verls(ray_tq, tmp_path):
     assert records[0]["tokens"][0] in (tmp_path / "groups.html").read_text()
 
 
+def test_a_tree_rollouts_dump_and_metrics_carry_each_rows_tree_position(ray_tq, tmp_path):
+    dump = tmp_path / "rollouts"
+    trainer = U.make_trainer([f"trainer.rollout_data_dir={dump}",
+                              "actor_rollout_ref.rollout.agent.default_agent_loop=tree_single_turn"])
+    trainer.tokenizer = StandInTokenizer()
+    trainer._init_dump_executor()
+    trainer.global_steps = 3
+    samples = U.make_samples(seed=6)
+    for i, sample in enumerate(samples):  # each prompt's second reply branched from its first after 2 tokens
+        child = i % 2 == 1
+        sample["extra_fields"] = {"tree_parent": i - 1 if child else -1, "tree_branch_position": 2 if child else 0,
+                                  "tree_generated_tokens": len(sample["responses"]) - (2 if child else 0),
+                                  "tree_level": int(child), "tree_generate_s": 0.5 if child else 2.0}
+    metrics: dict = {}
+    out = trainer._compute_advantage(U.put_samples(samples), metrics)
+    trainer._log_rollout_data(out, {}, str(dump))
+    trainer._shutdown_dump_executor()
+    with open(dump / "3.groups.jsonl") as f:
+        records = [json.loads(line) for line in f]
+    assert [r["tree"] for r in records] == [
+        {"parent": i - 1 if i % 2 else -1, "branch_position": 2 if i % 2 else 0, "level": i % 2}
+        for i in range(len(samples))]
+    assert (metrics["group/tree_round0_generate_s"], metrics["group/tree_round1_generate_s"]) == (2.0, 0.5)
+    lengths = [len(s["responses"]) for s in samples]
+    assert metrics["group/tree_path_tokens"] == sum(lengths)
+    assert metrics["group/tree_generated_tokens"] == sum(lengths) - 2 * (len(samples) // 2)
+
+
 def test_other_estimators_dump_no_groups(ray_tq, tmp_path):
     trainer = U.make_trainer(["algorithm.adv_estimator=gae", f"trainer.rollout_data_dir={tmp_path}"])
     trainer.tokenizer = StandInTokenizer()

@@ -19,13 +19,17 @@ masked positions included (a multi-turn response's tool replies): ``response_ids
 ``token_level_rewards``, ``values``, ``advantages``, ``returns`` and ``critic_mask``, and the ``threshold`` tau
 the batch was cut with. With it a step's file is the whole advantage step of that batch, as verl produced it
 (the multi-turn tests read such a file).
+
+With the tree rollout (``tree_single_turn``) each record also has ``"tree": {"parent": int, "branch_position":
+int, "level": int}``: the sample it branched from (-1 for a root), the reply tokens it copied from it, and its
+branch level (0 for a root), from the row's ``extra_fields``.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 
@@ -41,7 +45,7 @@ def groups_file(rollout_data_dir: str, global_step: int) -> str:
 
 def response_records(step: int, uids: Sequence[str], scores: torch.Tensor, responses: torch.Tensor,
                      response_mask: torch.Tensor, outputs: Any, tokenizer: Any, rewards: torch.Tensor,
-                     values: torch.Tensor) -> list[dict[str, Any]]:
+                     values: torch.Tensor, tree: Optional[Sequence[dict[str, Any]]] = None) -> list[dict[str, Any]]:
     """One record per response (see the module docstring).
 
     Args:
@@ -54,6 +58,7 @@ def response_records(step: int, uids: Sequence[str], scores: torch.Tensor, respo
             ``endpoint_mask``, ``returns``, ``critic_mask``).
         tokenizer: has ``batch_decode(list of id lists) -> list[str]`` (a Hugging Face tokenizer).
         rewards, values: (B, T) the estimator's ``token_level_rewards`` and ``values``.
+        tree: (B,) each row's ``extra_fields`` when the tree rollout made the rows (:func:`tree_position`), else None.
     """
     records = []
     for i, uid in enumerate(uids):
@@ -74,8 +79,15 @@ def response_records(step: int, uids: Sequence[str], scores: torch.Tensor, respo
             "advantages": outputs.advantages[i][valid].float().tolist(),
             "endpoints": outputs.endpoint_mask[i][valid].int().tolist(),
             "row": row,
+            **({"tree": tree_position(tree[i])} if tree is not None else {}),
         })
     return records
+
+
+def tree_position(extra_fields: dict[str, Any]) -> dict[str, int]:
+    """A tree row's place, from its ``extra_fields``: ``parent``, ``branch_position`` and ``level``."""
+    return {"parent": int(extra_fields["tree_parent"]), "branch_position": int(extra_fields["tree_branch_position"]),
+            "level": int(extra_fields["tree_level"])}
 
 
 def write_records(path: str, records: Sequence[dict[str, Any]]) -> str:

@@ -147,7 +147,9 @@ class GroupPPOTrainerMixin:
         fields = ["response_mask", "rm_scores", "uid", *(["loss_mask"] if self.use_critic else [])]
         if self.group_settings.group.boundary_rule == "low_prob":
             fields.append("old_log_probs")
-        return fields + (DUMP_FIELDS if self._rollout_data_dir() else [])
+        if not self._rollout_data_dir():
+            return fields
+        return fields + DUMP_FIELDS + (["extra_fields"] if uses_tree_rollout(self.config) else [])
 
     def _sample_continuations(self, prefixes: Sequence[values.Prefix], k: int) -> values.Continuations:
         """The run's rollout lent to the value sources (a :class:`~verl_group_ppo.values.ContinuationSampler`;
@@ -169,9 +171,12 @@ class GroupPPOTrainerMixin:
         seen = fetch(batch, ["response_mask"] + (["token_level_rewards"] if kl_in_reward else []))
         rm_scores = padded_field(data, "rm_scores")
         rewards = padded_field(seen, "token_level_rewards") if kl_in_reward else rm_scores
+        tree = None
+        if uses_tree_rollout(self.config):
+            tree = extra_fields_of(data)
         return rollout_groups.response_records(
             self.global_steps, fields.uid, rm_scores.sum(dim=-1), fields.responses,
-            padded_field(seen, "response_mask"), outputs, self.tokenizer, rewards, boundary_values)
+            padded_field(seen, "response_mask"), outputs, self.tokenizer, rewards, boundary_values, tree=tree)
 
     def _rollout_data_dir(self) -> Optional[str]:
         return select(self.config, "trainer.rollout_data_dir")
@@ -241,12 +246,17 @@ def fetch(batch: KVBatchMeta, fields: list[str], optional: Sequence[str] = ()) -
     return tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
 
 
+def extra_fields_of(data: Any) -> list[dict[str, Any]]:
+    """The rows' ``extra_fields`` dicts (stored as a ``NonTensorStack``) as a list."""
+    stored = data.get("extra_fields")
+    return stored.tolist() if hasattr(stored, "tolist") else list(stored)
+
+
 def tree_metrics(data: Any) -> dict[str, float]:
     """``group/tree_generated_tokens`` and ``group/tree_path_tokens`` from the rows' ``extra_fields`` (the tree
     rollout records each row's own generated tokens there) and their jagged ``response_mask``; and
     ``group/tree_round{l}_generate_s``, the rounds' time in the server (:func:`tree_round_seconds`)."""
-    stored = data.get("extra_fields")  # a NonTensorStack of the rows' dicts
-    extra = stored.tolist() if hasattr(stored, "tolist") else list(stored)
+    extra = extra_fields_of(data)
     missing = [i for i, fields in enumerate(extra) if "tree_generated_tokens" not in (fields or {})]
     if missing:
         raise RuntimeError(f"{len(missing)} of {len(extra)} rows carry no tree position in extra_fields: the rows "
