@@ -133,6 +133,7 @@ def test_script_set_is_complete():
     expected = {script_path(size, est).name for size, est in CASES}
     expected |= {multiturn_script_path(est).name for est in ESTIMATORS}
     expected |= {mc_script_path(size).name for size in SIZES}
+    expected.add(TREE_SCRIPT.name)
     assert present == expected, "every example script must be covered by this test"
 
 
@@ -593,3 +594,45 @@ def test_mc_recipe_composes_with_verl_config_and_runs_no_critic(size, stub_bin, 
     differ = {k for k in pairs.keys() | group.keys() if pairs.get(k) != group.get(k)}
     assert differ == RUN_PATH_KEYS | {"trainer.experiment_name", "critic.enable", "trainer.critic_warmup"} | {
         GROUP_KEY + key for key in ("value_source", "mc_samples", "group_max_size")}
+
+
+# ----------------------------------------------------------------------------------------------------
+# the tree-rollout GSM8K recipe (group_ppo_tree: prefix_tree values over a tree, no critic)
+
+TREE_SCRIPT = SCRIPT_DIR / "run_qwen2_5-0.5b_gsm8k_tree.sh"
+
+
+@pytest.mark.slow
+def test_tree_recipe_composes_with_verl_config_and_passes_the_tree_start_up_checks(stub_bin, tiny_model, tmp_path):
+    from omegaconf import OmegaConf
+
+    from verl_group_ppo.config import GroupParams
+    from verl_group_ppo.tree.limits import check_tree_config, tree_shape, uses_tree_rollout
+
+    env = {"DATA_DIR": str(tmp_path / "gsm8k"), "MODEL_PATH": tiny_model}
+    items = overrides_of(TREE_SCRIPT, stub_bin, tmp_path, env=env)
+    pairs = dict(item.split("=", 1) for item in items)
+    assert len(pairs) == len(items), "a key is set twice"
+    cfg = compose(items)
+    OmegaConf.to_container(cfg, resolve=True)
+    assert cfg.algorithm.adv_estimator == "group_ppo" and cfg.actor_rollout_ref.rollout.name == "vllm"
+    assert cfg.trainer.experiment_name == "qwen2_5-0.5b_gsm8k_group_ppo_tree"
+    assert uses_tree_rollout(cfg)
+    shape = tree_shape(cfg)
+    assert (shape.roots, shape.branching, shape.segment_tokens) == (2, (2, 2), 64)
+    assert cfg.actor_rollout_ref.rollout.n == shape.size == 8
+    check_tree_config(cfg)  # the start-up refusals (n against the shape, the estimator's keys) pass
+    params = GroupParams.from_config(cfg.algorithm.group_params)
+    assert (params.value_source, params.boundary_rule, params.policy_lam) == ("prefix_tree", "tree", 0.0)
+    use_critic, use_ref = main_ppo_checks(cfg)
+    assert not use_critic and not use_ref and cfg.trainer.critic_warmup == 0
+
+    # against the critic recipe: the tree's and the value source's keys, n, the critic and its warm-up, the names
+    group = dict(item.split("=", 1) for item in overrides_of(script_path("0.5b", "group_ppo"), stub_bin, tmp_path,
+                                                               env=env))
+    differ = {k for k in pairs.keys() | group.keys() if pairs.get(k) != group.get(k)}
+    assert differ == RUN_PATH_KEYS | {"trainer.experiment_name", "critic.enable", "trainer.critic_warmup",
+                                      "actor_rollout_ref.rollout.n",
+                                      "actor_rollout_ref.rollout.agent.default_agent_loop"} | {
+        "++tree_rollout." + key for key in ("roots", "branching", "segment_tokens")} | {
+        GROUP_KEY + key for key in ("value_source", "boundary_rule", "policy_lam", "group_max_size")}

@@ -4,7 +4,7 @@
 #   bash examples/group_ppo_trainer/common.sh SIZE ESTIMATOR [extra Hydra overrides...]
 #
 #   SIZE       0.5b | 1.5b | 3b | 7b          (picks model, GPU count, batch sizes)
-#   ESTIMATOR  group_ppo | group_ppo_mc | gae | grpo
+#   ESTIMATOR  group_ppo | group_ppo_mc | group_ppo_tree | gae | grpo
 #
 # The run_qwen2_5-*_gsm8k*.sh scripts next to this file call it with fixed SIZE and ESTIMATOR (the *_multiturn*
 # ones with MULTI_TURN=1).
@@ -39,6 +39,10 @@
 #   group_ppo_mc  algorithm.adv_estimator=group_ppo with ++algorithm.group_params.value_source=mc,
 #              mc_samples=4 and group_max_size=64: boundary values from 4 continuations per group start, no
 #              critic (critic.enable=False, no warm-up), no KL
+#   group_ppo_tree  algorithm.adv_estimator=group_ppo over a tree rollout: a prompt's rollout.n=8 replies
+#              sampled as one tree (agent loop tree_single_turn, tree_rollout roots=2, branching=[2,2],
+#              segment_tokens=64), prefix_tree values, groups cut at the tree's branch points
+#              (boundary_rule=tree) and policy_lam=0 (each segment's V(child) - V(parent)); no critic, no KL
 #   gae        algorithm.adv_estimator=gae, critic.enable=True, the same critic warm-up
 #   grpo       algorithm.adv_estimator=grpo, critic.enable=False (GRPO has no critic, no warm-up), and the KL
 #              to the reference policy as a loss term: actor.use_kl_loss=True, kl_loss_coef=0.001,
@@ -81,8 +85,10 @@ OUT_DIR=${OUT_DIR:-$PWD/outputs}
 case "$OUT_DIR" in /*) ;; *) OUT_DIR=$PWD/$OUT_DIR ;; esac  # absolute: Ray workers do not share our cwd
 project=verl_group_ppo_gsm8k
 experiment="qwen2_5-${size}_gsm8k${turns}_${estimator}"
-# Responses sampled per prompt: GRPO needs n > 1; all three estimators use the same n.
+# Responses sampled per prompt: GRPO needs n > 1; every estimator uses the same n, except the tree's, whose n is
+# its shape's size (roots * prod(branching) = 2 * 2 * 2)
 rollout_n=5
+if [ "$estimator" = group_ppo_tree ]; then rollout_n=8; fi
 
 shared=(
   data.train_files="$DATA_DIR/train.parquet"
@@ -163,6 +169,24 @@ case "$estimator" in
       trainer.critic_warmup=0
       actor_rollout_ref.actor.use_kl_loss=False
     ) ;;
+  group_ppo_tree)
+    specific=(
+      algorithm.adv_estimator=group_ppo
+      # a prompt's replies sampled as one tree (docs/algorithm.md, "Tree rollouts"): 2 roots, then two levels
+      # where every reply is joined by one more sharing its first 64 and 128 tokens; each samples only its tail
+      actor_rollout_ref.rollout.agent.default_agent_loop=tree_single_turn
+      ++tree_rollout.roots=2
+      ++tree_rollout.branching=[2,2]
+      ++tree_rollout.segment_tokens=64
+      # the tree's values (mean reward of the replies below each node), groups = the tree's segments, and each
+      # segment's advantage V(child) - V(parent); no critic worker, so nothing to warm up
+      ++algorithm.group_params.value_source=prefix_tree
+      ++algorithm.group_params.boundary_rule=tree
+      ++algorithm.group_params.policy_lam=0.0
+      critic.enable=False
+      trainer.critic_warmup=0
+      actor_rollout_ref.actor.use_kl_loss=False
+    ) ;;
   gae)
     specific=(
       algorithm.adv_estimator=gae
@@ -181,7 +205,7 @@ case "$estimator" in
       actor_rollout_ref.actor.kl_loss_coef=0.001
       actor_rollout_ref.actor.kl_loss_type=low_var_kl
     ) ;;
-  *) echo "common.sh: unknown ESTIMATOR '$estimator' (expected group_ppo, group_ppo_mc, gae or grpo)" >&2; exit 2 ;;
+  *) echo "common.sh: unknown ESTIMATOR '$estimator' (expected group_ppo, group_ppo_mc, group_ppo_tree, gae or grpo)" >&2; exit 2 ;;
 esac
 
 # Tool calling: the tool replies sit in the response with response_mask 0 (GROUP-PPO ends a group at every
