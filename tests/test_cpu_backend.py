@@ -52,8 +52,44 @@ if state["installed"]:
     from verl.workers.engine.base import EngineRegistry
     state["platform"] = type(get_platform()).__name__
     state["engines"] = [EngineRegistry.get_engine_cls(kind, "fsdp2").__name__ for kind in ("language_model", "value_model")]
-print(json.dumps(state))
 """
+
+RAY_PROBE = r"""
+import ray
+ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+
+@ray.remote(max_calls=1)
+def worker_state():
+    import os, verl, verl_group_ppo.cpu as cpu
+    from verl.plugin.platform import get_platform
+    from verl.workers.rollout.base import _ROLLOUT_REGISTRY
+    return {"pid": os.getpid(), "installed": cpu._installed, "platform": type(get_platform()).__name__,
+            "hf": ("hf", "async") in _ROLLOUT_REGISTRY, "engine_device": os.environ.get("VERL_ENGINE_DEVICE")}
+
+@ray.remote(max_calls=1)
+def rollout_module_first():
+    # what a Ray actor unpickling the rollout server does: its first verl import comes from our module
+    import sys
+    assert "verl" not in sys.modules
+    import verl_group_ppo.rollout.server, verl_group_ppo.cpu as cpu, verl_group_ppo.integration.failures as failures
+    return {"installed": cpu._installed, "errors": [step for step, _ in failures.install_errors()]}
+
+ray_state = ray.get(worker_state.remote())
+ray_state["driver_pid"] = os.getpid()
+ray_state["rollout_first"] = ray.get(rollout_module_first.remote())
+ray.shutdown()
+"""
+
+
+@pytest.fixture(scope="module")
+def cpu_platform_process() -> dict:
+    """One fresh interpreter with VERL_PLATFORM=cpu: :data:`STATE_PROBE` right after ``import verl`` (under
+    ``"state"``), then a local Ray with two workers (:data:`RAY_PROBE`, under ``"ray"``). Shared by
+    :func:`test_backend_is_installed_by_import_verl_with_verl_platform_cpu` and
+    :func:`test_ray_workers_install_the_backend`."""
+    # a Ray start and two workers in one subprocess: allow for a loaded machine (300 s ran out at load ~5 on 2 cores)
+    return cpu_utils.run_python(STATE_PROBE + RAY_PROBE + 'print(json.dumps({"state": state, "ray": ray_state}))\n',
+                                platform="cpu", timeout=900)
 
 
 @pytest.mark.slow
@@ -62,7 +98,7 @@ def test_backend_is_inert_without_verl_platform_cpu():
     installs no CPU platform; only the parts for every platform are there once verl imports their modules: the
     ``hf`` rollout, registered by name without importing it, the critic's value-model loader, and the start-up checks
     that read the config (``cpu.checks``: is there an accelerator or the CPU backend)."""
-    state = cpu_utils.run_python(STATE_PROBE, platform=None)
+    state = cpu_utils.run_python(STATE_PROBE + "print(json.dumps(state))\n", platform=None)
     assert state["plugin_loaded"], "the verl-group-ppo plugin did not load; this test would prove nothing"
     assert set(state["backend_modules"]) <= {"verl_group_ppo.cpu.patching", "verl_group_ppo.cpu.valuehead",
                                              "verl_group_ppo.cpu.checks"}
@@ -77,9 +113,9 @@ def test_backend_is_inert_without_verl_platform_cpu():
 
 
 @pytest.mark.slow
-def test_backend_is_installed_by_import_verl_with_verl_platform_cpu():
+def test_backend_is_installed_by_import_verl_with_verl_platform_cpu(cpu_platform_process):
     """VERL_PLATFORM=cpu alone: ``import verl`` installs every part, and verl's engine lookup finds FSDP."""
-    state = cpu_utils.run_python(STATE_PROBE, platform="cpu")
+    state = cpu_platform_process["state"]
     assert state["installed"] is True
     assert state["platform"] == "CPUPlatform"
     assert state["hf_adapter"] == hf_rollout.ADAPTER_PATH and state["hf_replica"]
@@ -102,37 +138,9 @@ def test_failed_install_is_logged_and_raised(monkeypatch, caplog):
 
 
 @pytest.mark.slow
-def test_ray_workers_install_the_backend():
+def test_ray_workers_install_the_backend(cpu_platform_process):
     """Every Ray worker that imports verl runs the backend's install (not only the driver)."""
-    probe = r"""
-import json, os, ray
-import verl
-ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
-
-@ray.remote(max_calls=1)
-def worker_state():
-    import os, verl, verl_group_ppo.cpu as cpu
-    from verl.plugin.platform import get_platform
-    from verl.workers.rollout.base import _ROLLOUT_REGISTRY
-    return {"pid": os.getpid(), "installed": cpu._installed, "platform": type(get_platform()).__name__,
-            "hf": ("hf", "async") in _ROLLOUT_REGISTRY, "engine_device": os.environ.get("VERL_ENGINE_DEVICE")}
-
-@ray.remote(max_calls=1)
-def rollout_module_first():
-    # what a Ray actor unpickling the rollout server does: its first verl import comes from our module
-    import sys
-    assert "verl" not in sys.modules
-    import verl_group_ppo.rollout.server, verl_group_ppo.cpu as cpu, verl_group_ppo.integration.failures as failures
-    return {"installed": cpu._installed, "errors": [step for step, _ in failures.install_errors()]}
-
-state = ray.get(worker_state.remote())
-state["driver_pid"] = os.getpid()
-state["rollout_first"] = ray.get(rollout_module_first.remote())
-ray.shutdown()
-print(json.dumps(state))
-"""
-    # two Ray starts in one subprocess: allow for a loaded machine (300 s ran out at load ~5 on 2 cores)
-    state = cpu_utils.run_python(probe, platform="cpu", timeout=900)
+    state = cpu_platform_process["ray"]
     assert state["pid"] != state["driver_pid"]
     assert state == {**state, "installed": True, "platform": "CPUPlatform", "hf": True, "engine_device": "cuda"}
     assert state["rollout_first"] == {"installed": True, "errors": []}

@@ -10,8 +10,10 @@ checks share as few runs as possible:
 * group_ppo resumed from it to step 3 in verl's ``colocate_async`` trainer, ``critic_loss_on=all_tokens``: the
   threshold comes from the checkpoint;
 * grpo, 2 steps;
-* group_ppo with ``value_source=prefix_tree``, and with ``value_source=mc`` on the hf rollout on 2 ranks and on
-  verl's vLLM rollout (the `small` model, when vLLM's CPU build is installed), 2 steps each, no critic worker.
+* group_ppo with ``value_source=mc`` on the hf rollout on 2 ranks and on verl's vLLM rollout (the `small` model,
+  when vLLM's CPU build is installed), and with ``value_source=prefix_tree`` on the tree rollout, 2 steps each, no
+  critic worker (``value_source=prefix_tree`` on independent replies, in the fixed rule the launcher gives it, runs
+  in tests/test_multiturn_masks.py through verl's tool agent loop, with that run's checks).
 """
 
 from __future__ import annotations
@@ -453,21 +455,6 @@ def test_grpo_baseline_runs_two_steps(tiny_task, tmp_path):
 def _worker_groups(output: str) -> list[str]:
     """verl's "create worker group dict_keys([...])" lines: which workers the run built."""
     return [line.split("create worker group", 1)[1] for line in output.splitlines() if "create worker group" in line]
-
-
-@pytest.mark.slow
-def test_prefix_tree_trains_without_a_critic_worker(tiny_task, tmp_path):
-    # value_source=prefix_tree: verl builds no critic worker (need_critic is false), no critic update runs, and the
-    # launcher cuts replies into groups of 4 (the spec's value_group_size) under the fixed rule
-    steps, output = run_main_ppo_logged(tiny_task, "group_ppo", f"trainer.default_local_dir={tmp_path / 'ckpt'}",
-                                        "++algorithm.group_params.value_source=prefix_tree")
-    assert_trained(steps, [1, 2], critic=False)
-    groups = _worker_groups(output)
-    assert groups and not any("critic" in g for g in groups), groups
-    assert "value_source=prefix_tree" in output and "boundary_rule=fixed" in output
-    for step, m in steps.items():
-        assert m["group/max_group_size"] <= 4 and m["group/groups_per_response"] > 1, (step, m)
-        assert not any(k.startswith("group/mc_") for k in m), (step, sorted(m))
 
 
 @pytest.mark.slow

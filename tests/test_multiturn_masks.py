@@ -275,23 +275,38 @@ def test_multiturn_prefix_tree_on_the_recorded_masks_counts_tool_replies_in_the_
 
 
 @pytest.mark.slow
-def test_multiturn_prefix_tree_two_steps_through_verls_tool_agent_loop_without_a_critic(tool_task, tmp_path):
-    """value_source=prefix_tree in verl's tool agent loop, one group per turn: no critic update, and the run's
-    advantages are the core's on the tree's values (the dump holds the values the estimator read)."""
-    from test_cpu_e2e import SMALL, summarize_log
+def test_multiturn_prefix_tree_two_steps_through_verls_tool_agent_loop_without_a_critic_worker(tool_task, tmp_path):
+    """value_source=prefix_tree through main_ppo, in verl's tool agent loop, with the launcher's groups for it (the
+    fixed rule at the spec's value_group_size, 4 tokens). One run checks both:
+
+    * prefix_tree trains without a critic: verl builds no critic worker (need_critic is false), no critic update
+      runs, the start-up line names value_source=prefix_tree and boundary_rule=fixed, groups hold at most 4 tokens
+      and a reply has more than one, and no mc metric is logged;
+    * on the tool loop's rows: tool replies are the mask's holes, get no advantage and no critic loss, every turn
+      ends a group (the fixed rule cuts within a turn, never across one), and the run's advantages are the core's
+      on the tree's values (the dump holds the values the estimator read). The turn rule on prefix_tree values
+      over the tool loop's masks: test_multiturn_prefix_tree_on_the_recorded_masks_counts_tool_replies_in_the_prefix.
+    """
+    from test_cpu_e2e import SMALL, _worker_groups, assert_trained, summarize_log
 
     dump = tmp_path / "dump"
     env = {**os.environ, "WORK_DIR": str(tool_task), "PYTHON": sys.executable, "MULTI_TURN": "1", "PREPARE": "0",
            "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
     proc = subprocess.run(["bash", str(REPO / "examples" / "cpu" / "common.sh"), "group_ppo", *SMALL,
-                           f"trainer.rollout_data_dir={dump}", "++algorithm.group_params.value_source=prefix_tree",
-                           "++algorithm.group_params.boundary_rule=turn"],
+                           f"trainer.default_local_dir={tmp_path / 'ckpt'}", f"trainer.rollout_data_dir={dump}",
+                           "++algorithm.group_params.value_source=prefix_tree"],
                           env=env, capture_output=True, text=True, timeout=900)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-6000:]
     steps = summarize_log.parse_step_metrics(output)
-    assert sorted(steps) == [1, 2] and not any("critic/vf_loss" in m for m in steps.values())
-    params = GroupParams(value_source="prefix_tree", boundary_rule="turn")
+    assert_trained(steps, [1, 2], critic=False)
+    groups = _worker_groups(output)
+    assert groups and not any("critic" in g for g in groups), groups
+    assert "value_source=prefix_tree" in output and "boundary_rule=fixed" in output
+    for step, m in steps.items():
+        assert m["group/max_group_size"] <= 4 and m["group/groups_per_response"] > 1, (step, m)
+        assert not any(k.startswith("group/mc_") for k in m), (step, sorted(m))
+    params = GroupParams(value_source="prefix_tree", boundary_rule="fixed", group_max_size=4)
     for step in (1, 2):
         records = load_records(dump / f"{step}.groups.jsonl")
         check_holes_are_tool_replies(records)

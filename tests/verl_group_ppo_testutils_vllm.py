@@ -154,16 +154,22 @@ synced = None if error else rollout_logprobs()
 print("WEIGHTSYNC " + json.dumps({"actor_initial": initial, "actor_updated": updated, "rollout_before": before,
                                   "rollout_stale": stale, "rollout_synced": synced, "n_weights": len(weights),
                                   "error": error[0][-2000:] if error else None}))
+if len(sys.argv) > 3:  # facts about the installed verl and vLLM, read in this same interpreter
+    namespace = {}
+    exec(sys.argv[3], namespace)
+    print("FACTS " + json.dumps(namespace["facts"]))
 '''
 
 
-def run_weight_sync(extension: str, bucket_mb: int = 1, timeout: float = 400) -> dict:
+def run_weight_sync(extension: str, bucket_mb: int = 1, timeout: float = 400, facts: str = "") -> dict:
     """Run :data:`HARNESS` in a fresh interpreter with the CPU backend and vLLM's worker extension ``extension``.
 
     Returns the log-probs of the fixed responses (lists per sequence): ``actor_initial`` and ``actor_updated``
     (the actor before and after its update), ``rollout_before`` (vLLM on the initial weights),
     ``rollout_stale`` (vLLM after the actor's update, nothing sent) and ``rollout_synced`` (after verl's
-    bucketed sync; None when it raised), with ``n_weights`` sent and the sync's ``error`` (or None).
+    bucketed sync; None when it raised), with ``n_weights`` sent and the sync's ``error`` (or None). ``facts``:
+    Python code run in the same interpreter after the sync, which sets a JSON-able dict ``facts``; returned under
+    ``"facts"`` (None when no code is given). One interpreter that imports verl and vLLM serves both.
     """
     import subprocess
     import sys
@@ -173,9 +179,13 @@ def run_weight_sync(extension: str, bucket_mb: int = 1, timeout: float = 400) ->
     env = {k: v for k, v in os.environ.items() if k != "VERL_ENGINE_DEVICE"}
     env.update(VERL_PLATFORM="cpu", OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"),
                PYTHONPATH=os.pathsep.join([here, repo] + [p for p in [env.get("PYTHONPATH")] if p]))
-    done = subprocess.run([sys.executable, "-c", HARNESS, extension, str(bucket_mb)], env=env, capture_output=True, text=True,
-                          timeout=timeout, cwd=repo)
+    done = subprocess.run([sys.executable, "-c", HARNESS, extension, str(bucket_mb), *([facts] if facts else [])],
+                          env=env, capture_output=True, text=True, timeout=timeout, cwd=repo)
     assert done.returncode == 0, f"weight-sync harness failed (rc={done.returncode}):\n{done.stderr[-6000:]}"
     lines = [line for line in done.stdout.splitlines() if line.startswith("WEIGHTSYNC ")]
     assert lines, f"weight-sync harness printed no result:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-    return json.loads(lines[-1][len("WEIGHTSYNC "):])
+    result = json.loads(lines[-1][len("WEIGHTSYNC "):])
+    found = [line for line in done.stdout.splitlines() if line.startswith("FACTS ")]
+    assert found or not facts, f"the harness printed no facts:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    result["facts"] = json.loads(found[-1][len("FACTS "):]) if found else None
+    return result
