@@ -488,6 +488,35 @@ def small_model_task(tmp_path_factory) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.skipif(not vllm_installed(), reason=VLLM_SKIP_REASON)
+def test_tree_rollout_runs_on_verls_vllm_rollout_at_two_ranks_and_dumps_each_rows_tree_position(
+        small_model_task, tmp_path, monkeypatch):
+    # ROLLOUT=tree VALUE_SOURCE=prefix_tree on two vLLM replicas: a prompt's 4 samples meet in one agent-loop
+    # worker whichever replica serves them; each asks only for its tail
+    monkeypatch.setenv("ROLLOUT", "tree")
+    monkeypatch.setenv("VALUE_SOURCE", "prefix_tree")
+    monkeypatch.setenv("N_RANKS", "2")
+    dump = tmp_path / "rollouts"
+    steps, output = run_main_ppo_logged(small_model_task, "group_ppo", f"trainer.default_local_dir={tmp_path / 'ckpt'}",
+                                        *TWO_RANKS_FSDP1, "actor_rollout_ref.rollout.name=vllm",
+                                        f"trainer.rollout_data_dir={dump}")
+    assert_trained(steps, [1, 2], critic=False)
+    assert "CPUvLLMHttpServer" in output and "boundary_rule=tree" in output
+    for step, m in steps.items():
+        assert 0 < m["group/tree_generated_tokens"] < m["group/tree_path_tokens"], (step, m)
+        assert m["group/tree_round0_generate_s"] > 0 and m["group/tree_round1_generate_s"] > 0, (step, m)
+    records = [json.loads(line) for line in (dump / "2.groups.jsonl").read_text().splitlines()]
+    assert len(records) == 8 * 4
+    by_prompt: dict = {}
+    for r in records:
+        by_prompt.setdefault(r["uid"], []).append(r)
+    for rows in by_prompt.values():  # 2 roots, each with one branch (branching [2])
+        assert sorted(r["tree"]["level"] for r in rows) == [0, 0, 1, 1]
+        for r in rows:
+            assert (r["tree"]["parent"] == -1) == (r["tree"]["level"] == 0)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not vllm_installed(), reason=VLLM_SKIP_REASON)
 def test_mc_continues_replies_through_verls_vllm_rollout(small_model_task, tmp_path):
     # the sync trainer put the vLLM replicas to sleep after sampling; mc wakes them with the batch's weights,
     # sends every continuation at once, and puts them back to sleep before the actor update
