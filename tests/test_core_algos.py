@@ -501,7 +501,7 @@ def test_torch_gathers_equal_numpy_gathers(monkeypatch, rule):
     cfg = algo_settings(0.97, 0.9, group_max_size=5, boundary_rule=rule, adv_norm="prompt")
     with_numpy = compute_group_ppo_outputs(rewards, mask, values=values, index=index, settings=cfg, old_log_probs=olp,
                                            threshold=0.7)
-    monkeypatch.setattr(fast, "_take", lambda table, index: table[index])
+    monkeypatch.setattr(fast, "gather_flat", lambda table, index: table[index])
     monkeypatch.setattr(fast, "_array", lambda x: x)
     with_torch = compute_group_ppo_outputs(rewards, mask, values=values, index=index, settings=cfg, old_log_probs=olp,
                                            threshold=0.7)

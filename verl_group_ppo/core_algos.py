@@ -26,8 +26,8 @@ import torch
 from verl_group_ppo.config import (AlgorithmSettings, GroupParams, check_threshold, check_unit_interval,
                                    read_algorithm_settings)
 from verl_group_ppo.estimator.checks import IndexLike, check_float, check_mask, describe, prompt_ids
-from verl_group_ppo.estimator.fast import (Batch, _take, group_ends, group_starts, ids_from_starts, prepare,
-                                           run_steps, segment_scan, td_residuals, turn_ends)
+from verl_group_ppo.estimator.fast import (Batch, gather_flat, group_ends, group_starts, ids_from_starts, new_tensor,
+                                           prepare, run_steps, segment_scan, td_residuals, turn_ends)
 from verl_group_ppo.metrics import group_metrics, probability_metrics
 
 __all__ = [
@@ -295,7 +295,7 @@ def create_critic_endpoint_mask(response_mask: torch.Tensor, group_ids: torch.Te
     torch.ne(group_ids[:, 1:], group_ids[:, :-1], out=changes[:, :-1])
     first = group_starts(changes, valid)
     dtype = response_mask.dtype if response_mask.is_floating_point() else torch.float32
-    return first.to(dtype)
+    return new_tensor(tuple(first.shape), dtype, first.device).copy_(first)
 
 
 def boundary_loss_weights(critic_mask: torch.Tensor, count_mask: torch.Tensor, *,
@@ -477,7 +477,8 @@ def _mean_lambda(lam: Union[float, torch.Tensor], valid_bt: torch.Tensor) -> flo
 def _boundary_weights(critic_mask: torch.Tensor, n_counted: int, n_boundary: int) -> torch.Tensor:
     """:func:`boundary_loss_weights` from checked inputs: ``critic_mask`` (B, T) float 0/1 with
     ``n_boundary`` ones, times ``n_counted / n_boundary`` (a new tensor; all 0 without a boundary)."""
-    return critic_mask * (n_counted / n_boundary) if n_boundary else critic_mask.clone()
+    out = new_tensor(tuple(critic_mask.shape), critic_mask.dtype, critic_mask.device)
+    return torch.mul(critic_mask, n_counted / n_boundary if n_boundary else 0.0, out=out)
 
 
 def _explained_variance_at(returns: torch.Tensor, values: torch.Tensor, flat_index: torch.Tensor,
@@ -485,7 +486,7 @@ def _explained_variance_at(returns: torch.Tensor, values: torch.Tensor, flat_ind
     """:func:`explained_variance` over the (B, T) positions whose flattened indices are ``flat_index`` (G,)."""
     if flat_index.numel() == 0:
         return float("nan")
-    target = _take(returns.detach().reshape(-1), flat_index).double()
-    error = target - _take(values.detach().reshape(-1), flat_index).double()
+    target = gather_flat(returns.detach().reshape(-1), flat_index).double()
+    error = target - gather_flat(values.detach().reshape(-1), flat_index).double()
     ev = 1.0 - error.var(correction=0) / (target.var(correction=0) + eps)
     return float(ev.clamp(-1.0, 1.0))

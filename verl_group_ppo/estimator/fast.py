@@ -23,7 +23,7 @@ weighted by its size, and the broadcast then writes each token its group's norma
 
 Steps 2 and 4 run by blocks of rows (:func:`row_blocks`), which bounds their float64 buffers. On CPU the
 whole-tensor work goes through numpy where numpy is the faster (gathers with 64-bit indices, reversed views,
-mixed-dtype arithmetic) and fresh (B, T) buffers come from numpy (:func:`_new`). Conventions as in
+mixed-dtype arithmetic) and fresh (B, T) buffers come from numpy (:func:`new_tensor`). Conventions as in
 :mod:`verl_group_ppo.core_algos`. Computation is in float64 when an input is float64, else in float32; step 2's
 prefix sums, step 4's scan and step 6's group statistics are float64 in both.
 """
@@ -81,7 +81,7 @@ class Groups:
     def counts(self) -> torch.Tensor:
         """(B, T) int32: the groups started in the row up to each position (a valid token's 1-based group id)."""
         B, T = self.valid.shape
-        return torch.cumsum(self.first, 1, dtype=torch.int32, out=_new((B, T), torch.int32, self.valid.device))
+        return torch.cumsum(self.first, 1, dtype=torch.int32, out=new_tensor((B, T), torch.int32, self.valid.device))
 
     @cached_property
     def ids(self) -> torch.Tensor:
@@ -104,7 +104,7 @@ class Groups:
         B, T = self.valid.shape
         per_row = self.counts[:, -1].to(torch.int64) if T else self.valid.new_zeros(B, dtype=torch.int64)
         before = torch.cumsum(per_row, 0).sub_(per_row).sub_(1)  # (B,): the groups of the rows above, less 1
-        out = _new((B, T), torch.int64, self.valid.device)
+        out = new_tensor((B, T), torch.int64, self.valid.device)
         if out.device.type == "cpu":
             np.add(self.counts.numpy(), before.numpy()[:, None], out=out.numpy())
         else:
@@ -210,7 +210,7 @@ def next_valid_values(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor
     """(B, T), a new tensor: at each position, ``values`` at the next valid position after it in its row (across
     holes), 0 where none follows. Without holes (each row's valid positions one run) it is the next position's."""
     B, T = valid.shape
-    out = _new((B, T), values.dtype, values.device)
+    out = new_tensor((B, T), values.dtype, values.device)
     out[:, -1] = 0.0
     if T < 2:
         return out
@@ -259,7 +259,7 @@ def group_ends(delta: torch.Tensor, batch: Batch, params: GroupParams, tau: floa
     limit = math.inf
     if rule == "variance":  # the compute dtype's limit
         limit = float(torch.tensor(tau * (total / batch.n_valid + params.group_epsilon), dtype=delta.dtype))
-    for rows in row_blocks(valid.shape):
+    for rows in row_blocks(valid.shape, 1 << 20):  # blocks whose prefix sums stay in the CPU's caches
         if limit <= 2.0 * total:
             starts[rows] = _budget_starts(forced[rows], valid[rows], cap, delta[rows], limit)
         else:
@@ -324,49 +324,85 @@ def _budget_starts(forced: torch.Tensor, valid: torch.Tensor, cap: int, delta: t
     A group surely starts after every token that alone reaches the budget and after every forced position: a group
     that holds such a token ends there. These tokens are each a group alone, and the chains start again after them.
     From each sure start the chain is followed group by group to the next sure start, all chains at once: as many
-    rounds as the most groups between two sure starts. A group's end is a binary search in the prefix sums
-    (:func:`_budget_prefix`), in which a forced position reaches the budget by itself. On CPU the rounds run on
-    numpy arrays (the same operations, less overhead per call).
+    rounds as the most groups between two sure starts. A group's end is found in the prefix sums
+    (:func:`_budget_prefix`, where a forced position reaches the budget by itself) by :func:`_next_starts`. On CPU
+    the rounds run on numpy arrays (the same operations, less overhead per call).
     """
     B, T = forced.shape
     n = B * T
-    increments = torch.mul(delta, delta, out=_new((B, T), delta.dtype, delta.device))
+    increments = torch.mul(delta, delta, out=new_tensor((B, T), delta.dtype, delta.device))
     alone = torch.ge(increments, limit).logical_or_(forced)
-    span = 1 << (cap - 2).bit_length()  # a power of two >= cap - 1: the binary search's range
-    reached, state = _budget_prefix(increments, forced, limit, span), _start_state(alone)
+    reached = _array(_budget_prefix(increments, forced, limit, _SEARCH_PAD + _search_span(cap)))
+    state = _array(_start_state(alone))
     del increments, alone
-    reached, state = _array(reached), _array(state)
-    after = reached[1:]  # after[t]: the sum of the increments up to t, in flat order; reached[s]: before s
     frontier = _flat_nonzero(state[:n] == _START)  # the sure starts whose group goes on
-    where, minimum = (np.where, np.minimum) if isinstance(state, np.ndarray) else (torch.where, torch.minimum)
-    steps = [span >> k for k in range(1, span.bit_length())]  # span / 2, ..., 1
     while len(frontier):
-        # The group from s ends at the first t > s whose prefix sum reaches reached[s] + limit (a forced position
-        # or a token alone always does), or at s + cap - 1: below stays the last t whose sum does not reach it.
-        target = reached[frontier] + limit
-        below = frontier
-        for step in steps:
-            candidate = below + step
-            below = where(after[candidate] < target, candidate, below)
-        nxt = minimum(below + 2, frontier + cap)  # the first token after the group
-        state_next = state[nxt]
-        fresh = (state_next & _START) == 0  # chains that reach a known start stop there
-        nxt, state_next = nxt[fresh], state_next[fresh]
-        state[nxt] = state_next | _START
-        frontier = nxt[(state_next & _ALONE) == 0]
+        nxt = _next_starts(reached, frontier, limit, cap)
+        code = state[nxt]
+        state[nxt] = code | _START
+        frontier = nxt[code == 0]  # chains that reach a known start, or a token alone, stop there
     starts = torch.as_tensor(state[:n]).view(B, T) & _START
     return starts.view(torch.bool).logical_and_(valid)
 
 
-def _budget_prefix(increments: torch.Tensor, forced: torch.Tensor, limit: float, span: int) -> torch.Tensor:
-    """(B*T + 1 + span,) float64, a new tensor: 0, then the running sum of ``increments`` (B, T) in flat order with
-    ``limit`` in place of the increment at every ``forced`` (B, T) position, then +inf (``span`` entries).
+#: the positions after a group's start that :func:`_next_starts` probes one by one before its binary search
+_SEARCH_PAD = 2
+
+
+def _search_span(cap: int) -> int:
+    """The range of :func:`_next_starts`'s binary search: a power of two >= ``cap`` - 3 (1 for ``cap`` <= 4)."""
+    return 1 << max(cap - 4, 0).bit_length()
+
+
+def _next_starts(reached: Union[torch.Tensor, np.ndarray], start: Union[torch.Tensor, np.ndarray], limit: float,
+                 cap: int) -> Union[torch.Tensor, np.ndarray]:
+    """(S,) the first token after the group beginning at each of ``start`` (S,) (flat positions, none a token
+    alone): after the first t > s whose prefix sum ``reached[t + 1]`` reaches ``reached[s] + limit``, or after
+    s + ``cap`` - 1. ``reached`` (:func:`_budget_prefix`) is non-decreasing.
+
+    Most groups are short: t = s + 1 and s + 2 are probed first (beside ``reached[s]`` in memory), the others
+    found by a binary search from s + 2."""
+    after = reached[1:]
+    target = reached[start] + limit
+    nxt = start + 2
+    if cap <= 2:
+        return nxt
+    going = after[start + 1] < target  # the group goes on past s + 1
+    nxt += going
+    if cap == 3:
+        return nxt
+    rest = _flat_nonzero(going & (after[start + 2] < target))  # ... and past s + 2
+    if len(rest):
+        first, goal = start[rest], target[rest]
+        below = first + 2  # the last position known not to reach the goal
+        span = _search_span(cap)
+        while span > 1:
+            span >>= 1
+            candidate = below + span
+            below = _where(after[candidate] < goal, candidate, below)
+        nxt[rest] = _minimum(below + 2, first + cap)
+    return nxt
+
+
+def _where(condition, a, b):
+    """``numpy.where`` or ``torch.where``, by the arrays' kind."""
+    return np.where(condition, a, b) if isinstance(condition, np.ndarray) else torch.where(condition, a, b)
+
+
+def _minimum(a, b):
+    """``numpy.minimum`` or ``torch.minimum``, by the arrays' kind."""
+    return np.minimum(a, b) if isinstance(a, np.ndarray) else torch.minimum(a, b)
+
+
+def _budget_prefix(increments: torch.Tensor, forced: torch.Tensor, limit: float, pad: int) -> torch.Tensor:
+    """(B*T + 1 + pad,) float64, a new tensor: 0, then the running sum of ``increments`` (B, T) in flat order with
+    ``limit`` in place of the increment at every ``forced`` (B, T) position, then +inf (``pad`` entries).
 
     A group that reaches a forced position t (or a token whose increment alone reaches ``limit``) reaches the
     budget there, in these float64 sums too: ``fl(P_t + x_t) >= fl(P_s + limit)`` whenever ``P_t >= P_s`` and
     ``x_t >= limit``, rounding being monotone."""
     n = increments.numel()
-    out = _new((n + 1 + span,), torch.float64, increments.device)
+    out = new_tensor((n + 1 + pad,), torch.float64, increments.device)
     out[0] = 0.0
     out[n + 1:] = math.inf
     sums = out[1:n + 1]
@@ -431,7 +467,7 @@ def segment_gae_step(delta: torch.Tensor, values: torch.Tensor, groups: Groups, 
     """
     params, ends, gamma, invalid = settings.group, groups.ends, settings.gamma, batch.invalid
     critic_x = segment_scan(delta, ends, invalid, gamma, settings.critic_lam)
-    returns = _fill_where_(torch.add(critic_x, values, out=_new(values.shape, values.dtype, values.device)),
+    returns = _fill_where_(torch.add(critic_x, values, out=new_tensor(values.shape, values.dtype, values.device)),
                            invalid, 0.0)
     if params.policy_loss_on == "endpoints":  # token-level GAE
         x = segment_scan(delta, torch.ones_like(ends), invalid, gamma, lam)
@@ -440,7 +476,7 @@ def segment_gae_step(delta: torch.Tensor, values: torch.Tensor, groups: Groups, 
     x = critic_x if same else segment_scan(delta, ends, invalid, gamma, lam)
     if params.within_group == "per_token":
         return returns, _PolicyX(x, None, groups.first, None)
-    return returns, _PolicyX(None, _take(x.view(-1), groups.slots), groups.first, None)
+    return returns, _PolicyX(None, gather_flat(x.view(-1), groups.slots), groups.first, None)
 
 
 def segment_scan(delta: torch.Tensor, ends: torch.Tensor, invalid: torch.Tensor, gamma: float,
@@ -459,9 +495,9 @@ def segment_scan(delta: torch.Tensor, ends: torch.Tensor, invalid: torch.Tensor,
     """
     if isinstance(lam, float) and gamma == 1.0 and lam == 1.0:  # every factor 1: a reversed cumulative sum
         return delta.flip(1).cumsum(1).flip(1)
-    out = _new(delta.shape, delta.dtype, delta.device)
+    out = new_tensor(delta.shape, delta.dtype, delta.device)
     blocks = row_blocks(delta.shape, _SCAN_BLOCK)
-    buffer = _new((2, blocks[0].stop, delta.shape[1]), torch.float64, delta.device) if blocks else None
+    buffer = new_tensor((2, blocks[0].stop, delta.shape[1]), torch.float64, delta.device) if blocks else None
     for rows in blocks:
         lam_rows = lam[rows] if isinstance(lam, torch.Tensor) else lam
         if not _closed_form_scan(delta[rows], ends[rows], invalid[rows], gamma, lam_rows, out[rows], buffer):
@@ -481,8 +517,8 @@ def _scan_rows(delta: torch.Tensor, ends: torch.Tensor, invalid: torch.Tensor, g
     return _affine_scan(factor.masked_fill_(invalid, 1.0), delta.double()).to(delta.dtype)
 
 
-#: the most negative log of a product q_i the closed form uses: q and 1 / q stay far inside float64's range
-_LOG_PRODUCT_FLOOR = -600.0
+#: the smallest product q_i the closed form uses (exp(-600)): q and 1 / q stay far inside float64's range
+_SMALLEST_PRODUCT = math.exp(-600.0)
 
 
 def _closed_form_scan(delta: torch.Tensor, ends: torch.Tensor, invalid: torch.Tensor, gamma: float,
@@ -495,15 +531,11 @@ def _closed_form_scan(delta: torch.Tensor, ends: torch.Tensor, invalid: torch.Te
     if gamma == 0.0 or bool((lams == 0).any()) or T == 0:
         return False
     valid = ~invalid
-    at_end = ends & valid
-    log_q = torch.count_nonzero(at_end, dim=1).double().mul_(lams.log())  # (R,): each row's smallest q
-    if gamma != 1.0:
-        log_q.add_(torch.count_nonzero(valid, dim=1).double() * math.log(gamma))
-    if R and float(log_q.min()) < _LOG_PRODUCT_FLOOR:
-        return False
     q, total = buffer[0, :R], buffer[1, :R]  # q_i and sum_{j >= i} delta_j / q_j, from the row's end
-    _factors_from_the_end(valid, at_end, gamma, lams, out=q)
+    _factors_from_the_end(valid, ends & valid, gamma, lams, out=q)
     torch.cumprod(q, 1, out=q)
+    if R and float(q[:, -1].min()) < _SMALLEST_PRODUCT:  # each row's smallest q: its first position's
+        return False
     if delta.device.type == "cpu":  # numpy's reversed views: no flipped copies
         np.divide(delta.numpy()[:, ::-1], q.numpy(), out=total.numpy())
         torch.cumsum(total, 1, out=total)
@@ -567,7 +599,7 @@ def _broadcast_from_starts(heads: torch.Tensor, groups: Groups) -> torch.Tensor:
     """(B, T), a new tensor: every valid token carries its group's value of ``heads`` (G,), one per group in the
     order of :attr:`Groups.slots` (A_k = X at s_k, as step 6 left it); masked positions carry 0."""
     table = torch.cat([heads, heads.new_zeros(1)])  # index G: a masked position
-    return _take(table, groups.token_groups())
+    return gather_flat(table, groups.token_groups())
 
 
 # --------------------------------------------------------------------------------------------------
@@ -586,9 +618,9 @@ def _normalized_heads(heads: torch.Tensor, groups: Groups, batch: Batch, setting
     if mode == "batch" and batch.n_valid >= 2:
         n = batch.n_valid
         x, tokens = heads.double(), groups.sizes.double()
-        mean = float(torch.dot(tokens, x)) / (n + 1e-8)
+        mean = _dot(tokens, x) / (n + 1e-8)
         x.sub_(mean)
-        var = float(torch.dot(tokens, x * x)) / (n + 1e-8) * (n / (n - 1))
+        var = _dot(tokens, x * x) / (n + 1e-8) * (n / (n - 1))
         return x.mul_(1.0 / math.sqrt(var + 1e-8)).to(heads.dtype)
     if mode == "prompt":
         pid = torch.as_tensor(batch.index, device=heads.device)[groups.slots // batch.valid.shape[1]]
@@ -657,6 +689,13 @@ def _keep_endpoints_(x: torch.Tensor, endpoints: torch.Tensor, batch: Batch) -> 
 # whole-tensor helpers (numpy on CPU where it is the faster)
 
 
+def _dot(a: torch.Tensor, b: torch.Tensor) -> float:
+    """The dot product of two (N,) float64 tensors as a Python float (numpy's BLAS on CPU: faster there)."""
+    if a.device.type == "cpu":
+        return float(np.dot(a.numpy(), b.numpy()))
+    return float(torch.dot(a, b))
+
+
 def _array(x: torch.Tensor) -> Union[torch.Tensor, np.ndarray]:
     """``x`` as the array step 2's rounds of index arithmetic run on: a numpy view on CPU (less overhead per
     call than torch's), else ``x``."""
@@ -665,7 +704,7 @@ def _array(x: torch.Tensor) -> Union[torch.Tensor, np.ndarray]:
 
 def _masked_long(counts: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """(B, T) long, a new tensor: the integer ``counts`` (B, T) where ``valid`` (B, T) bool, 0 elsewhere."""
-    out = _new(tuple(counts.shape), torch.int64, counts.device)
+    out = new_tensor(tuple(counts.shape), torch.int64, counts.device)
     if out.device.type == "cpu":
         np.multiply(counts.numpy(), valid.numpy(), out=out.numpy())
         return out
@@ -695,7 +734,7 @@ _NUMPY_DTYPES = {torch.float32: np.float32, torch.float64: np.float64, torch.int
                  torch.bool: np.bool_, torch.uint8: np.uint8}
 
 
-def _new(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def new_tensor(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """An uninitialised tensor. On CPU its memory comes from numpy, which asks the kernel for huge pages for large
     buffers: the first touch of a fresh (B, T) buffer then costs a few page faults instead of thousands."""
     if device.type == "cpu" and dtype in _NUMPY_DTYPES:
@@ -703,7 +742,7 @@ def _new(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> to
     return torch.empty(shape, dtype=dtype, device=device)
 
 
-def _take(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+def gather_flat(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """``table[index]`` for a 1-D ``table`` and long ``index`` of any shape, a new tensor of ``index``'s shape
     (numpy's ``take`` on CPU, several times faster there than torch's indexing)."""
     if table.device.type == "cpu":
