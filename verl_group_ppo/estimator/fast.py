@@ -113,11 +113,11 @@ class Groups:
 
 
 class _PolicyX(NamedTuple):
-    """Step 4's X for the advantages, in the form steps 6 and 7 finish it."""
+    """Step 4's X for the advantages, and what steps 6 and 7 need to finish it."""
 
-    x: Optional[torch.Tensor]  # (B, T): every token's own X (per_token, endpoints), finished in place; or None
-    heads: Optional[torch.Tensor]  # (G,): X at each group's first token (broadcast); or None
-    stats_at: torch.Tensor  # (B, T) bool: where step 6's per-prompt statistics read x (one place per group)
+    x: torch.Tensor  # (B, T): X, in the buffer steps 6 and 7 finish in place (broadcast: the advantages)
+    stats_at: Optional[torch.Tensor]  # (B, T) bool: where step 6's per-prompt statistics read X (one place per
+    # group); None: step 6 is done (broadcast: on the groups, before the broadcast)
     endpoints: Optional[torch.Tensor]  # (B, T) bool: the positions step 7's endpoint loss keeps; None: all
 
 
@@ -148,10 +148,8 @@ def run_steps(batch: Batch, settings: AlgorithmSettings, tau: float, lam: Union[
         ends = group_ends(delta, batch, settings.group, tau)  # step 2
     groups = Groups(ends, batch.valid)  # step 3
     returns, policy = segment_gae_step(delta, values, groups, batch, settings, lam)  # step 4
-    if policy.heads is not None:  # broadcast: step 6 on the groups' X, then every token gets its group's
-        return Steps(groups, _broadcast_from_starts(_normalized_heads(policy.heads, groups, batch, settings), groups),
-                     returns)
-    _normalize_advantages_(policy.x, batch, settings, policy.stats_at)  # step 6
+    if policy.stats_at is not None:  # step 6 (broadcast: done on the groups, by step 4's broadcast)
+        _normalize_advantages_(policy.x, batch, settings, policy.stats_at)
     if policy.endpoints is not None:  # step 7, the actor's side: the endpoint loss
         _keep_endpoints_(policy.x, policy.endpoints, batch)
     return Steps(groups, policy.x, returns)
@@ -463,7 +461,8 @@ def segment_gae_step(delta: torch.Tensor, values: torch.Tensor, groups: Groups, 
       over every valid token and step 7 keeps at the group endpoints only;
     - ``within_group: per_token``: the groups' segment GAE with ``lam``, each token keeping its own X;
     - else (``broadcast``): the groups' segment GAE with ``lam``, X at each group's first token (A_k = X at s_k),
-      which step 6 normalises and :func:`_broadcast_from_starts` writes to every token of the group.
+      normalised by step 6 over the groups (:func:`_normalized_heads`: one value per group, the same statistics
+      as over the tokens) and written to every token of the group (:func:`_broadcast_from_starts`).
     """
     params, ends, gamma, invalid = settings.group, groups.ends, settings.gamma, batch.invalid
     critic_x = segment_scan(delta, ends, invalid, gamma, settings.critic_lam)
@@ -471,12 +470,13 @@ def segment_gae_step(delta: torch.Tensor, values: torch.Tensor, groups: Groups, 
                            invalid, 0.0)
     if params.policy_loss_on == "endpoints":  # token-level GAE
         x = segment_scan(delta, torch.ones_like(ends), invalid, gamma, lam)
-        return returns, _PolicyX(x, None, batch.valid, groups.endpoint_mask)
+        return returns, _PolicyX(x, batch.valid, groups.endpoint_mask)
     same = isinstance(lam, float) and lam == settings.critic_lam
     x = critic_x if same else segment_scan(delta, ends, invalid, gamma, lam)
     if params.within_group == "per_token":
-        return returns, _PolicyX(x, None, groups.first, None)
-    return returns, _PolicyX(None, gather_flat(x.view(-1), groups.slots), groups.first, None)
+        return returns, _PolicyX(x, groups.first, None)
+    heads = _normalized_heads(gather_flat(x.view(-1), groups.slots), groups, batch, settings)  # step 6
+    return returns, _PolicyX(_broadcast_from_starts(heads, groups), None, None)
 
 
 def segment_scan(delta: torch.Tensor, ends: torch.Tensor, invalid: torch.Tensor, gamma: float,
