@@ -476,6 +476,7 @@ def segment_gae_step(delta: torch.Tensor, values: torch.Tensor, groups: Groups, 
     if params.within_group == "per_token":
         return returns, _PolicyX(x, groups.first, None)
     heads = _normalized_heads(gather_flat(x.view(-1), groups.slots), groups, batch, settings)  # step 6
+    del x, critic_x  # freed before the broadcast's buffers: peak memory
     return returns, _PolicyX(_broadcast_from_starts(heads, groups), None, None)
 
 
