@@ -493,14 +493,16 @@ def test_the_pass_leaves_its_validated_inputs_as_they_were(group):
 
 @pytest.mark.parametrize("rule", ["variance", "fixed", "low_prob", "turn"])
 def test_torch_gathers_equal_numpy_gathers(monkeypatch, rule):
-    """Step 2's gathers run with numpy on CPU and with torch indexing elsewhere (CUDA): same results."""
+    """Step 2's rounds and the gathers run on numpy arrays on CPU and with torch tensors elsewhere (CUDA): same
+    results."""
     import verl_group_ppo.estimator.fast as fast
 
     rewards, mask, values, olp, index = make_batch(47, 9, 33, "holes", junk=True, empty_rows=True)
     cfg = algo_settings(0.97, 0.9, group_max_size=5, boundary_rule=rule, adv_norm="prompt")
     with_numpy = compute_group_ppo_outputs(rewards, mask, values=values, index=index, settings=cfg, old_log_probs=olp,
                                            threshold=0.7)
-    monkeypatch.setattr(fast, "_take", lambda table, index: table[index])
+    monkeypatch.setattr(fast, "gather_flat", lambda table, index: table[index])
+    monkeypatch.setattr(fast, "_array", lambda x: x)
     with_torch = compute_group_ppo_outputs(rewards, mask, values=values, index=index, settings=cfg, old_log_probs=olp,
                                            threshold=0.7)
     for name in ("advantages", "returns", "group_ids", "endpoint_mask", "critic_mask", "critic_loss_weights"):

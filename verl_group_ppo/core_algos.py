@@ -26,8 +26,8 @@ import torch
 from verl_group_ppo.config import (AlgorithmSettings, GroupParams, check_threshold, check_unit_interval,
                                    read_algorithm_settings)
 from verl_group_ppo.estimator.checks import IndexLike, check_float, check_mask, describe, prompt_ids
-from verl_group_ppo.estimator.fast import (Batch, group_ends, group_starts, ids_from_starts, prepare, run_steps,
-                                           segment_scan, td_residuals, turn_ends)
+from verl_group_ppo.estimator.fast import (Batch, gather_flat, group_ends, group_starts, ids_from_starts, new_tensor,
+                                           prepare, run_steps, segment_scan, td_residuals, turn_ends)
 from verl_group_ppo.metrics import group_metrics, probability_metrics
 
 __all__ = [
@@ -118,10 +118,11 @@ def compute_group_advantage(
     Returns:
         (advantages, returns), both (B, T) in float32 (float64 when an input is float64), 0 at masked positions.
     """
-    outputs = compute_group_ppo_outputs(token_level_rewards, response_mask, values=values,
-                                        settings=read_algorithm_settings(config), index=index,
-                                        old_log_probs=old_log_probs, threshold=threshold, endpoints=endpoints)
-    return outputs.advantages, outputs.returns
+    settings = read_algorithm_settings(config)
+    batch, tau, lam = _validated(token_level_rewards, response_mask, values, settings, index, old_log_probs,
+                                 threshold, endpoints)
+    steps = run_steps(batch, settings, tau, lam, _given_ends(endpoints, batch))  # as compute_group_ppo_outputs
+    return steps.advantages, steps.returns
 
 
 @torch.no_grad()
@@ -142,20 +143,14 @@ def compute_group_ppo_outputs(
     :func:`~verl_group_ppo.config.read_algorithm_settings`. The threshold is not updated here: hand the
     outputs to :meth:`AdaptiveThreshold.update` (step 6).
     """
-    if not isinstance(settings, AlgorithmSettings):
-        raise ValueError(f"settings must be an AlgorithmSettings (read_algorithm_settings(config)), "
-                         f"got {type(settings).__name__}")
-    if endpoints is None and settings.group.boundary_rule == "tree":
-        raise ValueError("endpoints is required by boundary_rule='tree' (the tree's branch points, which the "
-                         "prefix_tree value source finds: verl_group_ppo.values.boundary_values)")
-    batch = prepare(token_level_rewards, response_mask, values, index, old_log_probs, settings.group)
-    tau, lam = _resolve_threshold(threshold, settings.group), _policy_lambda(batch, settings)
+    batch, tau, lam = _validated(token_level_rewards, response_mask, values, settings, index, old_log_probs,
+                                 threshold, endpoints)
     steps = run_steps(batch, settings, tau, lam, _given_ends(endpoints, batch))  # steps 1-7: advantages, returns
     groups, n_valid = steps.groups, batch.n_valid
     group_ids = groups.ids  # step 3's ids (made after the pass, once its buffers are freed: peak memory)
     critic_mask = create_critic_endpoint_mask(batch.valid, group_ids).to(steps.advantages.dtype)  # step 5
     n_groups = len(groups.sizes)
-    ev = _explained_variance_at(steps.returns, values, groups.slots, settings.group.group_epsilon)  # step 6's tau
+    ev = _explained_variance_at(steps.returns, batch.values, groups.slots, settings.group.group_epsilon)  # step 6
     metrics = group_metrics(settings, batch.valid, n_valid, steps.advantages, groups.sizes, tau, ev)
     metrics["group/policy_lam"] = _mean_lambda(lam, batch.valid)
     if old_log_probs is not None and settings.group.boundary_rule == "low_prob":
@@ -300,7 +295,7 @@ def create_critic_endpoint_mask(response_mask: torch.Tensor, group_ids: torch.Te
     torch.ne(group_ids[:, 1:], group_ids[:, :-1], out=changes[:, :-1])
     first = group_starts(changes, valid)
     dtype = response_mask.dtype if response_mask.is_floating_point() else torch.float32
-    return first.to(dtype)
+    return new_tensor(tuple(first.shape), dtype, first.device).copy_(first)
 
 
 def boundary_loss_weights(critic_mask: torch.Tensor, count_mask: torch.Tensor, *,
@@ -420,6 +415,21 @@ class AdaptiveThreshold:
 # helpers of the functions above
 
 
+def _validated(token_level_rewards: Any, response_mask: Any, values: Any, settings: AlgorithmSettings, index: Any,
+               old_log_probs: Any, threshold: Optional[float],
+               endpoints: Any) -> tuple[Batch, float, Union[float, torch.Tensor]]:
+    """The pass's inputs, checked (a ValueError names a bad one): the batch (:func:`prepare`), tau and the
+    advantages' lambda."""
+    if not isinstance(settings, AlgorithmSettings):
+        raise ValueError(f"settings must be an AlgorithmSettings (read_algorithm_settings(config)), "
+                         f"got {type(settings).__name__}")
+    if endpoints is None and settings.group.boundary_rule == "tree":
+        raise ValueError("endpoints is required by boundary_rule='tree' (the tree's branch points, which the "
+                         "prefix_tree value source finds: verl_group_ppo.values.boundary_values)")
+    batch = prepare(token_level_rewards, response_mask, values, index, old_log_probs, settings.group)
+    return batch, _resolve_threshold(threshold, settings.group), _policy_lambda(batch, settings)
+
+
 def _resolve_threshold(threshold: Optional[float], params: GroupParams) -> float:
     """The tau of this call: ``threshold`` when given, else the configured starting value."""
     return check_threshold(params.group_variance_threshold if threshold is None else threshold, "threshold")
@@ -467,7 +477,8 @@ def _mean_lambda(lam: Union[float, torch.Tensor], valid_bt: torch.Tensor) -> flo
 def _boundary_weights(critic_mask: torch.Tensor, n_counted: int, n_boundary: int) -> torch.Tensor:
     """:func:`boundary_loss_weights` from checked inputs: ``critic_mask`` (B, T) float 0/1 with
     ``n_boundary`` ones, times ``n_counted / n_boundary`` (a new tensor; all 0 without a boundary)."""
-    return critic_mask * (n_counted / n_boundary) if n_boundary else critic_mask.clone()
+    out = new_tensor(tuple(critic_mask.shape), critic_mask.dtype, critic_mask.device)
+    return torch.mul(critic_mask, n_counted / n_boundary if n_boundary else 0.0, out=out)
 
 
 def _explained_variance_at(returns: torch.Tensor, values: torch.Tensor, flat_index: torch.Tensor,
@@ -475,7 +486,7 @@ def _explained_variance_at(returns: torch.Tensor, values: torch.Tensor, flat_ind
     """:func:`explained_variance` over the (B, T) positions whose flattened indices are ``flat_index`` (G,)."""
     if flat_index.numel() == 0:
         return float("nan")
-    target = returns.reshape(-1)[flat_index].double()
-    error = target - values.reshape(-1)[flat_index].double()
+    target = gather_flat(returns.detach().reshape(-1), flat_index).double()
+    error = target - gather_flat(values.detach().reshape(-1), flat_index).double()
     ev = 1.0 - error.var(correction=0) / (target.var(correction=0) + eps)
     return float(ev.clamp(-1.0, 1.0))

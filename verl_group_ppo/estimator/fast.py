@@ -4,24 +4,28 @@
 inputs (:func:`prepare`) and reads the critic's outputs off the groups. The three places where the algorithm is
 sequential in time are computed with whole-tensor operations:
 
-- the next valid value of step 1 and the broadcast of step 4: index arithmetic (a reversed running minimum of
-  positions, running counts of group starts) and gathers;
+- the next valid value of step 1 and the broadcast of step 4: index arithmetic (running counts of group starts)
+  and gathers;
 - step 2's budget scan (a running sum that resets when it reaches a limit): a group surely starts after every
   token that alone reaches the budget and after every forced end; from these sure starts every chain of groups is
-  followed at once, group by group, each group's end found from float64 prefix sums (a window of 4 sums, then a
-  binary search: ``log2(group_max_size)`` gathers). The rounds are as many as the most groups between two sure
-  starts (a few at the default settings; at most T / 2). ``fixed`` and ``low_prob`` have no budget: their groups
-  are every ``group_max_size`` tokens after a restart, in closed form;
-- step 4's backward recursion ``X_i = delta_i + f_i X_{i+1}``: in closed form, ``X_i = sum_{j >= i} w_j delta_j /
-  w_i`` with ``w_i = gamma**c_i * lam**e_i`` from integer counts of valid positions and ends (a reversed
-  cumulative sum in float64, no compounded rounding); where a row's weights would leave float64's range (more
-  than about 13,000 ends at lam = 0.95) or a factor is 0, an associative scan over (factor, residual) pairs,
-  composed pairwise level by level (``log2(T)`` levels). At ``gamma = lam = 1`` it is a reversed cumulative sum.
+  followed at once, group by group, each group's end found by a binary search in float64 prefix sums
+  (``log2(group_max_size)`` gathers). The rounds are as many as the most groups between two sure starts (a few at
+  the default settings; at most T / 2). ``fixed`` and ``low_prob`` have no budget: their groups are every
+  ``group_max_size`` tokens after a restart, in closed form;
+- step 4's backward recursion ``X_i = delta_i + f_i X_{i+1}``: in closed form, ``X_i = q_i sum_{j >= i} delta_j /
+  q_j`` with ``q_i`` the product of the factors from i to the row's end (a cumulative product and a cumulative sum
+  in float64, run from the row's end); where a row's products would leave float64's range (more than about 13,000
+  ends at lam = 0.95) or a factor is 0, an associative scan over (factor, residual) pairs, composed pairwise level
+  by level (``log2(T)`` levels). At ``gamma = lam = 1`` it is a reversed cumulative sum.
 
-Steps 2 and 4 run by blocks of rows (:func:`row_blocks`), which bounds their float64 buffers; on CPU, fresh
-(B, T) buffers come from numpy (:func:`_new`). Conventions as in :mod:`verl_group_ppo.core_algos`.
-Computation is in float64 when an input is float64, else in float32; step 2's prefix sums and step 4's scan are
-float64 in both.
+With ``within_group: broadcast`` (the default) step 6 normalises the groups' advantages, one value per group
+weighted by its size, and the broadcast then writes each token its group's normalised value.
+
+Steps 2 and 4 run by blocks of rows (:func:`row_blocks`), which bounds their float64 buffers. On CPU the
+whole-tensor work goes through numpy where numpy is the faster (gathers with 64-bit indices, reversed views,
+mixed-dtype arithmetic) and fresh (B, T) buffers come from numpy (:func:`new_tensor`). Conventions as in
+:mod:`verl_group_ppo.core_algos`. Computation is in float64 when an input is float64, else in float32; step 2's
+prefix sums, step 4's scan and step 6's group statistics are float64 in both.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ import torch
 from verl_group_ppo.config import AlgorithmSettings, GroupParams
 from verl_group_ppo.estimator.checks import check_finite_at_valid, check_float, check_mask, prompt_ids
 from verl_group_ppo.metrics import sum_of_squares
+
 
 @dataclass
 class Batch:
@@ -55,9 +60,9 @@ class Batch:
 @dataclass(frozen=True)
 class Groups:
     """The groups of one batch (step 3), made once by :func:`run_steps` from step 2's ends and read by every
-    later step: step 4's cuts and broadcast, step 5's critic slots, step 6's per-prompt statistics, step 7's
-    weights and the metrics. A group's first valid token (its critic slot) is :attr:`first`, from
-    :func:`group_starts`; everything below is made from the ends when first read, and kept."""
+    later step: step 4's cuts and broadcast, step 5's critic slots, step 6's statistics, step 7's weights and the
+    metrics. A group's first valid token (its critic slot) is :attr:`first`, from :func:`group_starts`; everything
+    below is made from the ends when first read, and kept."""
 
     ends: torch.Tensor  # (B, T) bool: each group's last valid token, and every masked position
     valid: torch.Tensor  # (B, T) bool
@@ -73,26 +78,46 @@ class Groups:
         return self.ends & self.valid
 
     @cached_property
+    def counts(self) -> torch.Tensor:
+        """(B, T) int32: the groups started in the row up to each position (a valid token's 1-based group id)."""
+        B, T = self.valid.shape
+        return torch.cumsum(self.first, 1, dtype=torch.int32, out=new_tensor((B, T), torch.int32, self.valid.device))
+
+    @cached_property
     def ids(self) -> torch.Tensor:
         """(B, T) long: the 1-based group ids of step 3, 0 at masked positions."""
-        return ids_from_starts(self.first, self.valid)
+        return _masked_long(self.counts, self.valid)
 
     @cached_property
     def slots(self) -> torch.Tensor:
         """(G,) long: the flat (B, T) index of each group's first token, row by row."""
-        return _flat_nonzero(self.first.view(-1), torch.int64)
+        return _flat_nonzero(self.first.view(-1))
 
     @cached_property
     def sizes(self) -> torch.Tensor:
         """(G,) long: the valid tokens of each group, in the order of :attr:`slots` (groups never span a hole)."""
-        return _flat_nonzero(self.endpoint_mask.view(-1), torch.int64).sub_(self.slots).add_(1)
+        return _flat_nonzero(self.endpoint_mask.view(-1)).sub_(self.slots).add_(1)
+
+    def token_groups(self) -> torch.Tensor:
+        """(B, T) long, a new tensor: each valid token's group as an index into :attr:`slots`; G (the number of
+        groups) at masked positions."""
+        B, T = self.valid.shape
+        per_row = self.counts[:, -1].to(torch.int64) if T else self.valid.new_zeros(B, dtype=torch.int64)
+        before = torch.cumsum(per_row, 0).sub_(per_row).sub_(1)  # (B,): the groups of the rows above, less 1
+        out = new_tensor((B, T), torch.int64, self.valid.device)
+        if out.device.type == "cpu":
+            np.add(self.counts.numpy(), before.numpy()[:, None], out=out.numpy())
+        else:
+            torch.add(self.counts, before.unsqueeze(1), out=out)
+        return _fill_where_(out, ~self.valid, len(self.slots))
 
 
 class _PolicyX(NamedTuple):
     """Step 4's X for the advantages, and what steps 6 and 7 need to finish it."""
 
-    x: torch.Tensor  # (B, T): X, in the buffer steps 6 and 7 finish in place
-    stats_at: torch.Tensor  # (B, T) bool: where step 6's per-prompt statistics read X (one place per group)
+    x: torch.Tensor  # (B, T): X, in the buffer steps 6 and 7 finish in place (broadcast: the advantages)
+    stats_at: Optional[torch.Tensor]  # (B, T) bool: where step 6's per-prompt statistics read X (one place per
+    # group); None: step 6 is done (broadcast: on the groups, before the broadcast)
     endpoints: Optional[torch.Tensor]  # (B, T) bool: the positions step 7's endpoint loss keeps; None: all
 
 
@@ -123,7 +148,8 @@ def run_steps(batch: Batch, settings: AlgorithmSettings, tau: float, lam: Union[
         ends = group_ends(delta, batch, settings.group, tau)  # step 2
     groups = Groups(ends, batch.valid)  # step 3
     returns, policy = segment_gae_step(delta, values, groups, batch, settings, lam)  # step 4
-    _normalize_advantages_(policy.x, batch, settings, policy.stats_at)  # step 6
+    if policy.stats_at is not None:  # step 6 (broadcast: done on the groups, by step 4's broadcast)
+        _normalize_advantages_(policy.x, batch, settings, policy.stats_at)
     if policy.endpoints is not None:  # step 7, the actor's side: the endpoint loss
         _keep_endpoints_(policy.x, policy.endpoints, batch)
     return Steps(groups, policy.x, returns)
@@ -171,7 +197,7 @@ def td_residuals(values: torch.Tensor, batch: Batch, gamma: float) -> torch.Tens
     if gamma != 1.0:
         delta.mul_(gamma)
     # (r + gamma * V_next) - V, in the order of verl's GAE and the reference; junk at masked positions -> 0.
-    delta.add_(batch.rewards).sub_(values).masked_fill_(batch.invalid, 0.0)
+    _fill_where_(delta.add_(batch.rewards).sub_(values), batch.invalid, 0.0)
     if not math.isfinite(sum_of_squares(delta)):
         check_finite_at_valid(batch.rewards.masked_fill(batch.invalid, 0.0), "token_level_rewards")
         check_finite_at_valid(values.masked_fill(batch.invalid, 0.0), "values")
@@ -182,7 +208,7 @@ def next_valid_values(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor
     """(B, T), a new tensor: at each position, ``values`` at the next valid position after it in its row (across
     holes), 0 where none follows. Without holes (each row's valid positions one run) it is the next position's."""
     B, T = valid.shape
-    out = _new((B, T), values.dtype, values.device)
+    out = new_tensor((B, T), values.dtype, values.device)
     out[:, -1] = 0.0
     if T < 2:
         return out
@@ -199,9 +225,8 @@ def next_valid_values(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor
 
 def _has_holes(valid: torch.Tensor) -> bool:
     """Whether some row's valid positions are more than one run (a masked position between two valid ones)."""
-    run_starts = valid.clone()
-    run_starts[:, 1:] &= ~valid[:, :-1]
-    return int(torch.count_nonzero(run_starts)) > int(torch.count_nonzero(valid.any(dim=1)))
+    run_starts = int(torch.count_nonzero(torch.gt(valid[:, 1:], valid[:, :-1]))) + int(torch.count_nonzero(valid[:, 0]))
+    return run_starts > int(torch.count_nonzero(valid.any(dim=1)))
 
 
 def group_ends(delta: torch.Tensor, batch: Batch, params: GroupParams, tau: float) -> torch.Tensor:
@@ -212,7 +237,8 @@ def group_ends(delta: torch.Tensor, batch: Batch, params: GroupParams, tau: floa
     ``group_max_size`` tokens and their own cuts: ``fixed`` and ``low_prob`` in closed form
     (:func:`_periodic_starts`), ``variance`` by following the chains of groups (:func:`_budget_starts`). The
     variance budget ``sum z_i >= tau`` with ``z_i = delta_i^2 / (sigma2 + eps)`` is evaluated as
-    ``sum delta_i^2 >= tau * (sigma2 + eps)``: the same test, one pass fewer.
+    ``sum delta_i^2 >= tau * (sigma2 + eps)``: the same test, one pass fewer. A budget above the batch's whole sum
+    of ``delta_i^2`` is never reached: the groups are then those of ``fixed``.
     """
     rule = params.boundary_rule
     if rule == "turn":
@@ -227,13 +253,14 @@ def group_ends(delta: torch.Tensor, batch: Batch, params: GroupParams, tau: floa
         low = batch.old_log_probs.exp() < params.low_prob_threshold
         forced[:, :-1] |= low[:, 1:] & valid[:, 1:]
     starts = torch.empty_like(valid)
-    if rule == "variance":
-        sigma2 = sum_of_squares(delta) / batch.n_valid
-        limit = float(torch.tensor(tau * (sigma2 + params.group_epsilon), dtype=delta.dtype))  # the compute dtype's
-        for rows in row_blocks(valid.shape):
-            starts[rows] = _budget_starts(forced[rows], valid[rows], cap, delta[rows] * delta[rows], limit)
-    else:
-        for rows in row_blocks(valid.shape):
+    total = sum_of_squares(delta) if rule == "variance" else 0.0
+    limit = math.inf
+    if rule == "variance":  # the compute dtype's limit
+        limit = float(torch.tensor(tau * (total / batch.n_valid + params.group_epsilon), dtype=delta.dtype))
+    for rows in row_blocks(valid.shape, 1 << 20):  # blocks whose prefix sums stay in the CPU's caches
+        if limit <= 2.0 * total:
+            starts[rows] = _budget_starts(forced[rows], valid[rows], cap, delta[rows], limit)
+        else:
             starts[rows] = _periodic_starts(forced[rows], valid[rows], cap)
     return _ends_from_starts(starts, batch.invalid)
 
@@ -241,8 +268,7 @@ def group_ends(delta: torch.Tensor, batch: Batch, params: GroupParams, tau: floa
 def row_blocks(shape: tuple[int, ...], elements: int = 1 << 22) -> list[slice]:
     """Slices of consecutive rows of a (B, T) tensor, about ``elements`` elements each (one row at least),
     covering the B rows in order. Steps 2 and 4 run block by block: their float64 buffers are a block's, not
-    the batch's. Smaller blocks would stay in the CPU's caches, but every block repeats the step's operations,
-    and with several threads on shared cores each operation waits for the slowest thread."""
+    the batch's."""
     B, T = shape
     rows = max(1, elements // max(T, 1))
     return [slice(r, min(r + rows, B)) for r in range(0, B, rows)]
@@ -273,7 +299,7 @@ def _periodic_starts(forced: torch.Tensor, valid: torch.Tensor, cap: int) -> tor
     masked position), at valid positions only."""
     B, T = forced.shape
     restart = _restarts(forced)[:B * T]
-    position = torch.arange(B * T, dtype=_index_dtype(B * T), device=forced.device)
+    position = torch.arange(B * T, dtype=torch.int64, device=forced.device)
     last = torch.where(restart, position, 0)  # the last restart at or before each position
     if last.device.type == "cpu":
         np.maximum.accumulate(last.numpy(), out=last.numpy())
@@ -283,75 +309,117 @@ def _periodic_starts(forced: torch.Tensor, valid: torch.Tensor, cap: int) -> tor
     return (position == 0).view(B, T).logical_and_(valid)
 
 
-def _budget_starts(forced: torch.Tensor, valid: torch.Tensor, cap: int, increments: torch.Tensor,
+#: bits of the state of a position in :func:`_budget_starts`: a group starts here; this token is a group alone
+_START, _ALONE = 1, 2
+
+
+def _budget_starts(forced: torch.Tensor, valid: torch.Tensor, cap: int, delta: torch.Tensor,
                    limit: float) -> torch.Tensor:
     """Group starts (B, T) bool of the ``variance`` rule: the chain of groups of each row, where a group starting
     at s ends at the first of its turn's last position (``forced`` (B, T)), s + ``cap`` - 1 and the first t with
-    ``sum(increments[s..t]) >= limit`` (``increments`` (B, T), >= 0; sums as differences of float64 prefix sums
-    over the rows in order).
+    ``sum(delta[s..t]**2) >= limit`` (``delta`` (B, T); a finite ``limit`` > 0; ``cap`` >= 2).
 
-    A group surely starts after every token that alone reaches the budget (``increments >= limit``: then every
-    sum that holds it does) and after every forced position: the chains start again there. From each such start
-    the chain is followed group by group to the next sure start, all chains at once: as many rounds as the most
-    groups between two sure starts (at most ``cap`` tokens apart on average budgets; at most T in all).
+    A group surely starts after every token that alone reaches the budget and after every forced position: a group
+    that holds such a token ends there. These tokens are each a group alone, and the chains start again after them.
+    From each sure start the chain is followed group by group to the next sure start, all chains at once: as many
+    rounds as the most groups between two sure starts. A group's end is found in the prefix sums
+    (:func:`_budget_prefix`, where a forced position reaches the budget by itself) by :func:`_next_starts`. On CPU
+    the rounds run on numpy arrays (the same operations, less overhead per call).
     """
     B, T = forced.shape
     n = B * T
-    reached = _new((n + 4 * cap,), torch.float64, forced.device)
-    reached[0] = 0.0
-    reached[n + 1:] = math.inf
-    _cumsum64(increments.reshape(-1), reached[1:n + 1])
-    after = reached[1:]  # after[t]: the sum of the increments up to t; reached[s]: before s
-    alone = (increments >= limit).logical_or_(forced)  # a group starting here is this token alone
-    start, one_token = _restarts(alone), alone.view(-1)
-    start[:n] |= ~valid.view(-1)  # masked positions stop a chain as a start does
-    index = _index_dtype(n + 4 * cap)
-    forced_at = _flat_nonzero(forced.view(-1) & valid.view(-1), index)  # the turns' last positions, in order
-    frontier = _flat_nonzero(start[:n] & ~one_token, index)  # the sure starts whose group goes on
-    width = min(cap, 4)
-    window = torch.arange(width, dtype=index, device=forced.device)
-    forced_flat = torch.ones(n + width, dtype=torch.bool, device=forced.device)  # True past the batch
-    forced_flat[:n] = forced.view(-1)
-    while frontier.numel():
-        # a group from s ends at the first of: its turn's last position, s + cap - 1, the first t reaching the
-        # budget. The first `width` positions at once (neighbours in memory), the longer groups then in full.
-        target = _take(reached, frontier).add_(limit)
-        ahead = frontier.unsqueeze(1) + window
-        stop = _take(after, ahead) >= target.unsqueeze(1)
-        stop |= _take(forced_flat, ahead)
-        end = torch.argmax(stop.to(torch.uint8), 1).to(index).add_(frontier)
-        long = _flat_nonzero(~stop.any(1), torch.int64)
-        if long.numel():
-            end[long] = _group_end(frontier[long], target[long], after, forced_at, cap, width)
-        nxt = end.add_(1)
-        nxt = nxt[~_take(start, nxt)]  # chains that reach a known start stop there
-        start[nxt] = True
-        frontier = nxt[~_take(one_token, nxt)]
-    return start[:n].view(B, T).logical_and_(valid)
+    increments = torch.mul(delta, delta, out=new_tensor((B, T), delta.dtype, delta.device))
+    alone = torch.ge(increments, limit).logical_or_(forced)
+    reached = _array(_budget_prefix(increments, forced, limit, _SEARCH_PAD + _search_span(cap)))
+    state = _array(_start_state(alone))
+    del increments, alone
+    frontier = _flat_nonzero(state[:n] == _START)  # the sure starts whose group goes on
+    while len(frontier):
+        nxt = _next_starts(reached, frontier, limit, cap)
+        code = state[nxt]
+        state[nxt] = code | _START
+        frontier = nxt[code == 0]  # chains that reach a known start, or a token alone, stop there
+    starts = torch.as_tensor(state[:n]).view(B, T) & _START
+    return starts.view(torch.bool).logical_and_(valid)
 
 
-def _group_end(start: torch.Tensor, target: torch.Tensor, after: torch.Tensor, forced_at: torch.Tensor, cap: int,
-               width: int) -> torch.Tensor:
-    """(S,): the last position of the groups starting at ``start`` (S,) that are longer than ``width``: the first of
-    the turn's last position (the first of ``forced_at`` (K,) ascending at or after it), ``start + cap - 1`` and the
-    first t with ``after[t] >= target`` (S,) (``after`` non-decreasing)."""
-    end = start + (cap - 1)
-    if cap > width:
-        turn_end = _take(forced_at, torch.searchsorted(forced_at, start))
-        reaching = _first_reaching(after, target, start + (width - 1), 1 << (cap.bit_length() - 1))
-        torch.minimum(end, torch.minimum(turn_end, reaching), out=end)
-    return end
+#: the positions after a group's start that :func:`_next_starts` probes one by one before its binary search
+_SEARCH_PAD = 2
 
 
-def _first_reaching(after: torch.Tensor, target: torch.Tensor, below: torch.Tensor, step: int) -> torch.Tensor:
-    """(S,): for each of the positions ``below`` (S,) with ``after[below] < target`` (S,), the first t after it with
-    ``after[t] >= target``, or a position at least ``2 * step - 1`` after it (``after`` non-decreasing); by binary
-    search from the power of two ``step``."""
-    while step:
-        candidate = below + step
-        below = torch.where(_take(after, candidate) < target, candidate, below)
-        step >>= 1
-    return below.add_(1)
+def _search_span(cap: int) -> int:
+    """The range of :func:`_next_starts`'s binary search: a power of two >= ``cap`` - 3 (1 for ``cap`` <= 4)."""
+    return 1 << max(cap - 4, 0).bit_length()
+
+
+def _next_starts(reached: Union[torch.Tensor, np.ndarray], start: Union[torch.Tensor, np.ndarray], limit: float,
+                 cap: int) -> Union[torch.Tensor, np.ndarray]:
+    """(S,) the first token after the group beginning at each of ``start`` (S,) (flat positions, none a token
+    alone): after the first t > s whose prefix sum ``reached[t + 1]`` reaches ``reached[s] + limit``, or after
+    s + ``cap`` - 1. ``reached`` (:func:`_budget_prefix`) is non-decreasing.
+
+    Most groups are short: t = s + 1 and s + 2 are probed first (beside ``reached[s]`` in memory), the others
+    found by a binary search from s + 2."""
+    after = reached[1:]
+    target = reached[start] + limit
+    nxt = start + 2
+    if cap <= 2:
+        return nxt
+    going = after[start + 1] < target  # the group goes on past s + 1
+    nxt += going
+    if cap == 3:
+        return nxt
+    rest = _flat_nonzero(going & (after[start + 2] < target))  # ... and past s + 2
+    if len(rest):
+        first, goal = start[rest], target[rest]
+        below = first + 2  # the last position known not to reach the goal
+        span = _search_span(cap)
+        while span > 1:
+            span >>= 1
+            candidate = below + span
+            below = _where(after[candidate] < goal, candidate, below)
+        nxt[rest] = _minimum(below + 2, first + cap)
+    return nxt
+
+
+def _where(condition, a, b):
+    """``numpy.where`` or ``torch.where``, by the arrays' kind."""
+    return np.where(condition, a, b) if isinstance(condition, np.ndarray) else torch.where(condition, a, b)
+
+
+def _minimum(a, b):
+    """``numpy.minimum`` or ``torch.minimum``, by the arrays' kind."""
+    return np.minimum(a, b) if isinstance(a, np.ndarray) else torch.minimum(a, b)
+
+
+def _budget_prefix(increments: torch.Tensor, forced: torch.Tensor, limit: float, pad: int) -> torch.Tensor:
+    """(B*T + 1 + pad,) float64, a new tensor: 0, then the running sum of ``increments`` (B, T) in flat order with
+    ``limit`` in place of the increment at every ``forced`` (B, T) position, then +inf (``pad`` entries).
+
+    A group that reaches a forced position t (or a token whose increment alone reaches ``limit``) reaches the
+    budget there, in these float64 sums too: ``fl(P_t + x_t) >= fl(P_s + limit)`` whenever ``P_t >= P_s`` and
+    ``x_t >= limit``, rounding being monotone."""
+    n = increments.numel()
+    out = new_tensor((n + 1 + pad,), torch.float64, increments.device)
+    out[0] = 0.0
+    out[n + 1:] = math.inf
+    sums = out[1:n + 1]
+    sums.copy_(increments.reshape(-1))
+    _fill_where_(sums, forced.reshape(-1), limit)
+    torch.cumsum(sums, 0, out=sums)
+    return out
+
+
+def _start_state(alone: torch.Tensor) -> torch.Tensor:
+    """(B*T + 1,) uint8, a new tensor: ``_ALONE`` where ``alone`` (B, T) bool (whose last column must be True) is
+    True, ``_START`` at every row's first position and after each such token, and ``_START`` at B*T."""
+    n = alone.numel()
+    state = torch.empty(n + 1, dtype=torch.uint8, device=alone.device)
+    flat = alone.reshape(-1).view(torch.uint8)
+    state[0] = _START
+    state[1:] = flat  # _START after a token alone; a row's first position follows its previous row's last
+    state[:n].add_(flat, alpha=_ALONE)
+    return state
 
 
 def _ends_from_starts(starts: torch.Tensor, invalid: torch.Tensor) -> torch.Tensor:
@@ -376,7 +444,7 @@ def group_starts(ends: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
 def ids_from_starts(starts: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """Step 3's ids from the groups' first tokens ``starts`` (B, T) bool: long (B, T), 1-based, 0 where
     ``valid`` (B, T) bool is False."""
-    return torch.cumsum(starts, dim=1, dtype=torch.int32).masked_fill_(~valid, 0).long()
+    return _masked_long(torch.cumsum(starts, dim=1, dtype=torch.int32), valid)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -392,13 +460,14 @@ def segment_gae_step(delta: torch.Tensor, values: torch.Tensor, groups: Groups, 
     - ``policy_loss_on: endpoints``: token-level GAE with ``lam`` (every token cut), which step 6 normalises
       over every valid token and step 7 keeps at the group endpoints only;
     - ``within_group: per_token``: the groups' segment GAE with ``lam``, each token keeping its own X;
-    - else (``broadcast``): the groups' segment GAE with ``lam``, X at each group's first token written to
-      every token of the group (:func:`_broadcast_from_starts`).
+    - else (``broadcast``): the groups' segment GAE with ``lam``, X at each group's first token (A_k = X at s_k),
+      normalised by step 6 over the groups (:func:`_normalized_heads`: one value per group, the same statistics
+      as over the tokens) and written to every token of the group (:func:`_broadcast_from_starts`).
     """
     params, ends, gamma, invalid = settings.group, groups.ends, settings.gamma, batch.invalid
     critic_x = segment_scan(delta, ends, invalid, gamma, settings.critic_lam)
-    returns = torch.add(critic_x, values, out=_new(values.shape, values.dtype, values.device))
-    returns.masked_fill_(invalid, 0.0)
+    returns = _fill_where_(torch.add(critic_x, values, out=new_tensor(values.shape, values.dtype, values.device)),
+                           invalid, 0.0)
     if params.policy_loss_on == "endpoints":  # token-level GAE
         x = segment_scan(delta, torch.ones_like(ends), invalid, gamma, lam)
         return returns, _PolicyX(x, batch.valid, groups.endpoint_mask)
@@ -406,32 +475,39 @@ def segment_gae_step(delta: torch.Tensor, values: torch.Tensor, groups: Groups, 
     x = critic_x if same else segment_scan(delta, ends, invalid, gamma, lam)
     if params.within_group == "per_token":
         return returns, _PolicyX(x, groups.first, None)
-    return returns, _PolicyX(_broadcast_from_starts(x, groups.first), groups.first, None)
+    heads = _normalized_heads(gather_flat(x.view(-1), groups.slots), groups, batch, settings)  # step 6
+    del x, critic_x  # freed before the broadcast's buffers: peak memory
+    return returns, _PolicyX(_broadcast_from_starts(heads, groups), None, None)
 
 
 def segment_scan(delta: torch.Tensor, ends: torch.Tensor, invalid: torch.Tensor, gamma: float,
                  lam: Union[float, torch.Tensor]) -> torch.Tensor:
     """Segment GAE's X (B, T), a new tensor, from the TD residuals ``delta`` (B, T), 0 at masked positions.
 
-    ``X_i = delta_i + gamma * (lam if i is an end else 1) * X_{i+1}`` backward over valid positions, X after the
-    last = 0; masked positions pass X through (their residual is 0, their factor 1). ``ends`` (B, T) bool marks
-    the ends; ``lam`` is a float or a (B,) tensor of per-response lambdas.
+    ``X_i = delta_i + f_i X_{i+1}`` backward over valid positions, ``f_i = gamma * (lam if i is an end else 1)``,
+    X after the last = 0; masked positions pass X through (their residual is 0, their factor 1). ``ends`` (B, T)
+    bool marks the ends; ``lam`` is a float or a (B,) tensor of per-response lambdas.
 
-    In closed form (:func:`_closed_form_scan`): the product of the factors before position i is
-    ``w_i = gamma**c_i * lam**e_i``, with c_i and e_i the counts of valid positions and of ends before i in its
-    row (integers: no rounding compounds), so ``X_i = sum_{j >= i} w_j delta_j / w_i``, a reversed cumulative
-    sum, in float64. Where a row's smallest w would leave float64's range (more than about 13,000 ends at
-    lam = 0.95), or gamma or lam is 0, the recursion runs as an associative scan (:func:`_affine_scan`).
+    In closed form (:func:`_closed_form_scan`): with ``q_i`` the product of the factors from i to the row's end,
+    ``X_i = q_i * sum_{j >= i} delta_j / q_j``, a cumulative product and a cumulative sum run from the row's end,
+    in float64. Where a row's smallest q would leave float64's range (more than about 13,000 ends at lam = 0.95),
+    or gamma or lam is 0, the recursion runs as an associative scan (:func:`_affine_scan`).
     At ``gamma = lam = 1`` it is a reversed cumulative sum.
     """
     if isinstance(lam, float) and gamma == 1.0 and lam == 1.0:  # every factor 1: a reversed cumulative sum
         return delta.flip(1).cumsum(1).flip(1)
-    out = _new(delta.shape, delta.dtype, delta.device)
-    for rows in row_blocks(delta.shape):
+    out = new_tensor(delta.shape, delta.dtype, delta.device)
+    blocks = row_blocks(delta.shape, _SCAN_BLOCK)
+    buffer = new_tensor((2, blocks[0].stop, delta.shape[1]), torch.float64, delta.device) if blocks else None
+    for rows in blocks:
         lam_rows = lam[rows] if isinstance(lam, torch.Tensor) else lam
-        x = _closed_form_scan(delta[rows], ends[rows], invalid[rows], gamma, lam_rows)
-        out[rows] = x if x is not None else _scan_rows(delta[rows], ends[rows], invalid[rows], gamma, lam_rows)
+        if not _closed_form_scan(delta[rows], ends[rows], invalid[rows], gamma, lam_rows, out[rows], buffer):
+            out[rows] = _scan_rows(delta[rows], ends[rows], invalid[rows], gamma, lam_rows)
     return out
+
+
+#: the elements of one block of rows of :func:`segment_scan` (its two float64 buffers are a block's)
+_SCAN_BLOCK = 1 << 20
 
 
 def _scan_rows(delta: torch.Tensor, ends: torch.Tensor, invalid: torch.Tensor, gamma: float,
@@ -442,46 +518,58 @@ def _scan_rows(delta: torch.Tensor, ends: torch.Tensor, invalid: torch.Tensor, g
     return _affine_scan(factor.masked_fill_(invalid, 1.0), delta.double()).to(delta.dtype)
 
 
-#: the most negative log of a weight w_i the closed form uses: w and 1 / w stay far inside float64's range
-_LOG_WEIGHT_FLOOR = -600.0
+#: the smallest product q_i the closed form uses (exp(-600)): q and 1 / q stay far inside float64's range
+_SMALLEST_PRODUCT = math.exp(-600.0)
 
 
 def _closed_form_scan(delta: torch.Tensor, ends: torch.Tensor, invalid: torch.Tensor, gamma: float,
-                      lam: Union[float, torch.Tensor]) -> Optional[torch.Tensor]:
-    """:func:`segment_scan` by its closed form; (B, T) in ``delta``'s dtype, or None where it does not apply."""
-    B, T = delta.shape
+                      lam: Union[float, torch.Tensor], out: torch.Tensor, buffer: torch.Tensor) -> bool:
+    """:func:`segment_scan` of (R, T) rows by its closed form, written into ``out`` (R, T), with ``buffer``
+    (2, >= R, T) float64 as its scratch; False (``out`` left as it was) where the closed form does not apply."""
+    R, T = delta.shape
     lams = (lam.double() if isinstance(lam, torch.Tensor)
             else torch.tensor([float(lam)], dtype=torch.float64, device=delta.device))
     if gamma == 0.0 or bool((lams == 0).any()) or T == 0:
-        return None
-    valid_ends = ends & ~invalid
-    e = torch.cumsum(valid_ends, 1, dtype=torch.int32).sub_(valid_ends.to(torch.int32))  # ends before i
-    log_w = e[:, -1:].double().mul_(lams.log().view(-1, 1))  # (B or 1, 1): log of each row's smallest weight
-    c = None
-    if gamma != 1.0:
-        c = torch.cumsum(~invalid, 1, dtype=torch.int32).sub_((~invalid).to(torch.int32))  # valid positions before i
-        log_w.add_(c[:, -1:].double() * math.log(gamma))
-    if B and float(log_w.min()) < _LOG_WEIGHT_FLOOR:
-        return None
-    if isinstance(lam, torch.Tensor):
-        w = e.double().mul_(lams.log().unsqueeze(1)).exp_()
+        return False
+    valid = ~invalid
+    q, total = buffer[0, :R], buffer[1, :R]  # q_i and sum_{j >= i} delta_j / q_j, from the row's end
+    _factors_from_the_end(valid, ends & valid, gamma, lams, out=q)
+    torch.cumprod(q, 1, out=q)
+    if R and float(q[:, -1].min()) < _SMALLEST_PRODUCT:  # each row's smallest q: its first position's
+        return False
+    if delta.device.type == "cpu":  # numpy's reversed views: no flipped copies
+        np.divide(delta.numpy()[:, ::-1], q.numpy(), out=total.numpy())
+        torch.cumsum(total, 1, out=total)
+        np.multiply(q.numpy()[:, ::-1], total.numpy()[:, ::-1], out=out.numpy(), casting="unsafe")
     else:
-        w = _take(torch.pow(lams, torch.arange(T + 1, dtype=torch.float64, device=delta.device)), e)
-        w = w.view(B, T)
-    if c is not None:
-        w.mul_(_take(torch.pow(torch.tensor(gamma, dtype=torch.float64, device=delta.device),
-                               torch.arange(T + 1, dtype=torch.float64, device=delta.device)), c).view(B, T))
-    total = _reversed_cumsum(torch.mul(w, delta, out=_new(w.shape, w.dtype, w.device)))
-    return torch.div(total, w, out=w).to(delta.dtype)
+        torch.div(delta.flip(1), q, out=total)
+        torch.cumsum(total, 1, out=total)
+        out.copy_(total.mul_(q).flip(1))
+    return True
 
 
-def _reversed_cumsum(x: torch.Tensor) -> torch.Tensor:
-    """(R, T), in place on ``x`` (R, T) contiguous: the sums from each position to the end of its row."""
-    if x.device.type == "cpu":
-        view = x.numpy()[:, ::-1]
-        np.cumsum(view, axis=1, out=view)
-        return x
-    return x.flip(1).cumsum(1).flip(1)
+def _factors_from_the_end(valid: torch.Tensor, at_end: torch.Tensor, gamma: float, lams: torch.Tensor,
+                          out: torch.Tensor) -> None:
+    """Step 4's factors ``f_i`` of (R, T) rows into ``out`` (R, T) float64, in reversed order (column c holds
+    position T - 1 - c): ``gamma * lam`` where ``at_end`` (R, T) bool, ``gamma`` at the other ``valid`` (R, T)
+    positions, 1 at masked ones; ``lams``: one lambda (1,) or one per row (R,), float64. Each factor is the
+    product ``gamma * lam`` rounded once, as the recursion has it."""
+    lams = lams.view(-1, 1)
+    at_end, valid = at_end.flip(1), valid.flip(1)  # contiguous copies, reversed
+    if valid.device.type != "cpu":
+        torch.where(at_end, lams, torch.ones((), dtype=torch.float64, device=valid.device), out=out)
+        if gamma != 1.0:
+            torch.where(valid, out * gamma, out, out=out)
+        return
+    f = out.numpy()
+    if float(lams.min()) >= 0.5:  # 1 + (lam - 1) is lam exactly there (Sterbenz): arithmetic, no branch
+        np.multiply(at_end.numpy().view(np.uint8), (lams - 1.0).numpy(), out=f)
+        np.add(f, 1.0, out=f)
+    else:
+        f.fill(1.0)
+        np.copyto(f, lams.numpy(), where=at_end.numpy())
+    if gamma != 1.0:
+        np.multiply(f, gamma, out=f, where=valid.numpy())
 
 
 def _affine_scan(factor: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -508,24 +596,40 @@ def _affine_scan(factor: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return out if out.shape[1] == T else out[:, :T].contiguous()
 
 
-def _broadcast_from_starts(x: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
-    """(B, T), a new tensor: every position carries X of ``x`` (B, T) at the first token of its group (A_k = X at
-    s_k; ``first`` (B, T) bool marks those), found by the running count of group starts; masked positions carry
-    their previous group's."""
-    out = _new(x.shape, x.dtype, x.device)
-    for rows in row_blocks(x.shape):
-        starts = first[rows].reshape(-1)
-        heads = _take(x[rows].reshape(-1), _flat_nonzero(starts, _index_dtype(starts.numel())))
-        if heads.numel() == 0:
-            out[rows] = 0.0
-            continue
-        group = torch.cumsum(starts, 0, dtype=torch.int32).sub_(1).clamp_(min=0)  # each position's, in flat order
-        out[rows] = _take(heads, group).view(-1, x.shape[1])
-    return out
+def _broadcast_from_starts(heads: torch.Tensor, groups: Groups) -> torch.Tensor:
+    """(B, T), a new tensor: every valid token carries its group's value of ``heads`` (G,), one per group in the
+    order of :attr:`Groups.slots` (A_k = X at s_k, as step 6 left it); masked positions carry 0."""
+    table = torch.cat([heads, heads.new_zeros(1)])  # index G: a masked position
+    return gather_flat(table, groups.token_groups())
 
 
 # --------------------------------------------------------------------------------------------------
 # steps 6 and 7: normalisation, the endpoint loss
+
+
+def _normalized_heads(heads: torch.Tensor, groups: Groups, batch: Batch, settings: AlgorithmSettings) -> torch.Tensor:
+    """Step 6 for the broadcast advantages, on the groups: (G,), a new tensor, from ``heads`` (G,) (X at each
+    group's first token, in the order of :attr:`Groups.slots`), each the advantage of its group's ``sizes`` tokens.
+
+    ``batch``: :func:`_normalize_advantages_`'s statistics over the valid tokens, each group counted once per token
+    (sums in float64); ``prompt``: per prompt id over the groups, each once (:func:`_prompt_moments`); ``none``:
+    ``heads`` as they are.
+    """
+    mode = settings.group.adv_norm
+    if mode == "batch" and batch.n_valid >= 2:
+        n = batch.n_valid
+        x, tokens = heads.double(), groups.sizes.double()
+        mean = _dot(tokens, x) / (n + 1e-8)
+        x.sub_(mean)
+        var = _dot(tokens, x * x) / (n + 1e-8) * (n / (n - 1))
+        return x.mul_(1.0 / math.sqrt(var + 1e-8)).to(heads.dtype)
+    if mode == "prompt":
+        pid = torch.as_tensor(batch.index, device=heads.device)[groups.slots // batch.valid.shape[1]]
+        mean, scale = _prompt_moments(heads, pid, batch.index, settings.norm_adv_by_std_in_grpo,
+                                      settings.group.group_epsilon)
+        out = heads - mean[pid]
+        return out.div_(scale[pid]) if scale is not None else out
+    return heads.clone()
 
 
 def _normalize_advantages_(x: torch.Tensor, batch: Batch, settings: AlgorithmSettings,
@@ -539,34 +643,37 @@ def _normalize_advantages_(x: torch.Tensor, batch: Batch, settings: AlgorithmSet
     ``(A - mean) / (std + eps)``, or ``A - mean`` without std scaling.
     """
     invalid, mode = batch.invalid, settings.group.adv_norm
-    x.masked_fill_(invalid, 0.0)
+    _fill_where_(x, invalid, 0.0)
     if mode == "batch" and batch.n_valid >= 2:
         n = batch.n_valid
         mean = x.sum() / (n + 1e-8)
-        x.sub_(mean).masked_fill_(invalid, 0.0)
+        _fill_where_(x.sub_(mean), invalid, 0.0)
         var = sum_of_squares(x) / (n + 1e-8) * (n / (n - 1))
-        x.mul_(1.0 / math.sqrt(var + 1e-8)).masked_fill_(invalid, 0.0)
+        x.mul_(1.0 / math.sqrt(var + 1e-8))  # 0 stays 0
     elif mode == "prompt":
-        _normalize_by_prompt_(x, batch, stats_at, settings.norm_adv_by_std_in_grpo, settings.group.group_epsilon)
+        flat = _flat_nonzero(stats_at.reshape(-1))
+        row_pid = torch.as_tensor(batch.index, device=x.device)
+        mean, scale = _prompt_moments(x.view(-1)[flat], row_pid[flat // x.shape[1]], batch.index,
+                                      settings.norm_adv_by_std_in_grpo, settings.group.group_epsilon)
+        x.sub_(mean[row_pid].unsqueeze(1))
+        if scale is not None:
+            x.div_(scale[row_pid].unsqueeze(1))
+        _fill_where_(x, invalid, 0.0)
 
 
-def _normalize_by_prompt_(x: torch.Tensor, batch: Batch, stats_at: torch.Tensor, norm_by_std: bool,
-                          eps: float) -> None:
-    """``adv_norm: prompt`` in place on ``x`` (B, T), 0 at masked positions (see :func:`_normalize_advantages_`)."""
-    flat = torch.nonzero(stats_at.reshape(-1)).squeeze(1)
-    group_adv, index = x.view(-1)[flat], batch.index
-    row_pid = torch.as_tensor(index, device=x.device)
-    pid = row_pid[flat // x.shape[1]]
+def _prompt_moments(adv: torch.Tensor, pid: torch.Tensor, index: np.ndarray, norm_by_std: bool,
+                    eps: float) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Per prompt id, from the advantages ``adv`` (N,) of prompt ids ``pid`` (N,) (``index`` (B,): the batch's ids
+    0..P-1): the mean (P,) and, with ``norm_by_std``, the divisor ``std + eps`` (P,) (Bessel std; a prompt with
+    fewer than 2 advantages gets mean 0 and std 1), else None."""
     n_prompts = int(index.max()) + 1 if len(index) else 0
-    count = torch.bincount(pid, minlength=n_prompts).to(x.dtype)
-    total = torch.zeros(n_prompts, dtype=x.dtype, device=x.device).index_add_(0, pid, group_adv)
+    count = torch.bincount(pid, minlength=n_prompts).to(adv.dtype)
+    total = torch.zeros(n_prompts, dtype=adv.dtype, device=adv.device).index_add_(0, pid, adv)
     mean = torch.where(count > 1, total / count.clamp(min=1), 0.0)
-    sq = torch.zeros_like(mean).index_add_(0, pid, (group_adv - mean[pid]) ** 2)
-    std = torch.where(count > 1, (sq / (count - 1).clamp(min=1)).sqrt(), 1.0)
-    x.sub_(mean[row_pid].unsqueeze(1))
-    if norm_by_std:
-        x.div_(std[row_pid].unsqueeze(1) + eps)
-    x.masked_fill_(batch.invalid, 0.0)
+    if not norm_by_std:
+        return mean, None
+    sq = torch.zeros_like(mean).index_add_(0, pid, (adv - mean[pid]) ** 2)
+    return mean, torch.where(count > 1, (sq / (count - 1).clamp(min=1)).sqrt(), 1.0) + eps
 
 
 def _keep_endpoints_(x: torch.Tensor, endpoints: torch.Tensor, batch: Batch) -> None:
@@ -579,32 +686,56 @@ def _keep_endpoints_(x: torch.Tensor, endpoints: torch.Tensor, batch: Batch) -> 
         x.mul_(batch.n_valid / n_endpoints)
 
 
-def _index_dtype(size: int) -> torch.dtype:
-    """int32 for flat indices below ``size`` when it fits (half the memory of int64), else int64."""
-    return torch.int32 if size < 2**31 else torch.int64
+# --------------------------------------------------------------------------------------------------
+# whole-tensor helpers (numpy on CPU where it is the faster)
 
 
-def _flat_nonzero(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """(N,) the positions where the 1-D bool ``mask`` is True, ascending, in ``dtype`` (numpy on CPU: faster)."""
-    if mask.device.type == "cpu":
-        return torch.from_numpy(np.flatnonzero(mask.numpy()).astype(np.dtype(str(dtype).split(".")[1]), copy=False))
-    return torch.nonzero(mask).squeeze(1).to(dtype)
+def _dot(a: torch.Tensor, b: torch.Tensor) -> float:
+    """The dot product of two (N,) float64 tensors as a Python float (numpy's BLAS on CPU: faster there)."""
+    if a.device.type == "cpu":
+        return float(np.dot(a.numpy(), b.numpy()))
+    return float(torch.dot(a, b))
 
 
-def _cumsum64(x: torch.Tensor, out: torch.Tensor) -> None:
-    """The running sum of the 1-D ``x`` into the float64 ``out`` of its length, added in order (numpy on CPU:
-    twice as fast as torch there, the same sums)."""
+def _array(x: torch.Tensor) -> Union[torch.Tensor, np.ndarray]:
+    """``x`` as the array step 2's rounds of index arithmetic run on: a numpy view on CPU (less overhead per
+    call than torch's), else ``x``."""
+    return x.numpy() if x.device.type == "cpu" else x
+
+
+def _masked_long(counts: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """(B, T) long, a new tensor: the integer ``counts`` (B, T) where ``valid`` (B, T) bool, 0 elsewhere."""
+    out = new_tensor(tuple(counts.shape), torch.int64, counts.device)
+    if out.device.type == "cpu":
+        np.multiply(counts.numpy(), valid.numpy(), out=out.numpy())
+        return out
+    return torch.mul(counts, valid, out=out)
+
+
+def _fill_where_(x: torch.Tensor, mask: torch.Tensor, value: float) -> torch.Tensor:
+    """``x[mask] = value`` in place (``x`` and ``mask`` of one shape; numpy's ``copyto`` on CPU, faster there than
+    ``masked_fill_``); returns ``x``."""
     if x.device.type == "cpu":
-        np.cumsum(x.numpy(), dtype=np.float64, out=out.numpy())
-    else:
-        torch.cumsum(x, 0, dtype=torch.float64, out=out)
+        np.copyto(x.numpy(), value, where=mask.numpy())
+        return x
+    return x.masked_fill_(mask, value)
+
+
+def _flat_nonzero(mask: Union[torch.Tensor, np.ndarray]) -> Union[torch.Tensor, np.ndarray]:
+    """(N,) long: the positions where the 1-D bool ``mask`` is True, ascending (numpy on CPU: faster; a numpy
+    array for a numpy array)."""
+    if isinstance(mask, np.ndarray):
+        return np.flatnonzero(mask)
+    if mask.device.type == "cpu":
+        return torch.from_numpy(np.flatnonzero(mask.numpy()))
+    return torch.nonzero(mask).squeeze(1)
 
 
 _NUMPY_DTYPES = {torch.float32: np.float32, torch.float64: np.float64, torch.int32: np.int32, torch.int64: np.int64,
-                 torch.bool: np.bool_}
+                 torch.bool: np.bool_, torch.uint8: np.uint8}
 
 
-def _new(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def new_tensor(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """An uninitialised tensor. On CPU its memory comes from numpy, which asks the kernel for huge pages for large
     buffers: the first touch of a fresh (B, T) buffer then costs a few page faults instead of thousands."""
     if device.type == "cpu" and dtype in _NUMPY_DTYPES:
@@ -612,9 +743,17 @@ def _new(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> to
     return torch.empty(shape, dtype=dtype, device=device)
 
 
-def _take(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """``table[index]`` for a 1-D ``table``, of ``index``'s shape (numpy's ``take`` on CPU, several times faster
-    there than torch's)."""
+def gather_flat(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``table[index]`` for a 1-D ``table`` and long ``index`` of any shape, a new tensor of ``index``'s shape
+    (numpy's ``take`` on CPU, several times faster there than torch's indexing)."""
     if table.device.type == "cpu":
         return torch.from_numpy(np.take(table.numpy(), index.numpy()))
     return table[index]
+
+
+def _put(table: torch.Tensor, index: torch.Tensor, values: torch.Tensor) -> None:
+    """``table[index] = values`` in place for a 1-D ``table`` and long ``index`` (N,) (numpy on CPU)."""
+    if table.device.type == "cpu":
+        table.numpy()[index.numpy()] = values.numpy()
+    else:
+        table[index] = values
