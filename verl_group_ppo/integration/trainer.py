@@ -69,8 +69,8 @@ from verl_group_ppo.values import mc_rollout
 logger = logging.getLogger(__name__)
 logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "INFO"))  # as verl's trainer modules: INFO lines show
 
-DUMP_FIELDS = ["uid", "responses", "rm_scores"]
-"""What the groups dump reads from TransferQueue besides the value source's fields."""
+DUMP_FIELDS = ["responses"]
+"""What the groups dump reads from TransferQueue besides the value source's fields and the advantage step's own."""
 
 
 class GroupPPOTrainerMixin:
@@ -110,8 +110,11 @@ class GroupPPOTrainerMixin:
     def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         """verl's advantage step with the boundary values reaching the ``group_ppo`` estimator; with the tree
         rollout (any estimator) also the tree's ``group/tree_*`` token counts."""
+        tree_rows = None  # with the tree rollout: each row's extra_fields (its place in the tree), fetched once
         if uses_tree_rollout(self.config):
-            metrics.update(tree_metrics(fetch(batch, ["response_mask", "extra_fields"])))
+            tree_data = fetch(batch, ["response_mask", "extra_fields"])
+            tree_rows = extra_fields_of(tree_data)
+            metrics.update(tree_metrics(tree_data))
         if not self.group_ppo_enabled:
             return super()._compute_advantage(batch, metrics)
         needed = values.fields_needed(self.group_settings)
@@ -137,7 +140,7 @@ class GroupPPOTrainerMixin:
         if alike == 1.0:  # no prompt's replies differ: the values' fit at the boundaries means nothing this step
             metrics.pop("group/boundary_explained_variance", None)
         if self._rollout_data_dir():
-            self._group_records.extend(self._records(batch, data, fields, outputs, boundary.values))
+            self._group_records.extend(self._records(batch, data, fields, outputs, boundary.values, tree_rows))
         return batch
 
     def _own_fields(self) -> list[str]:
@@ -147,9 +150,7 @@ class GroupPPOTrainerMixin:
         fields = ["response_mask", "rm_scores", "uid", *(["loss_mask"] if self.use_critic else [])]
         if self.group_settings.group.boundary_rule == "low_prob":
             fields.append("old_log_probs")
-        if not self._rollout_data_dir():
-            return fields
-        return fields + DUMP_FIELDS + (["extra_fields"] if uses_tree_rollout(self.config) else [])
+        return fields + (DUMP_FIELDS if self._rollout_data_dir() else [])
 
     def _sample_continuations(self, prefixes: Sequence[values.Prefix], k: int) -> values.Continuations:
         """The run's rollout lent to the value sources (a :class:`~verl_group_ppo.values.ContinuationSampler`;
@@ -163,20 +164,18 @@ class GroupPPOTrainerMixin:
         return self._value_sampler(prefixes, k)
 
     def _records(self, batch: KVBatchMeta, data: Any, fields: values.BatchFields, outputs: GroupPPOOutputs,
-                 boundary_values: torch.Tensor) -> list[dict[str, Any]]:
-        """This batch's groups-file records, over the valid tokens of the mask the estimator saw."""
+                 boundary_values: torch.Tensor, tree_rows: Optional[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+        """This batch's groups-file records, over the valid tokens of the mask the estimator saw (with each row's
+        place in the tree when ``tree_rows`` holds the rows' ``extra_fields``)."""
         # as the estimator saw them: verl stores token_level_rewards only when the KL penalty rewrote them
         # (PPOTrainer._compute_advantage in verl's v1 trainer_base); else they are the rm_scores
         kl_in_reward = bool(select(self.config, "algorithm.use_kl_in_reward", False))
         seen = fetch(batch, ["response_mask"] + (["token_level_rewards"] if kl_in_reward else []))
         rm_scores = padded_field(data, "rm_scores")
         rewards = padded_field(seen, "token_level_rewards") if kl_in_reward else rm_scores
-        tree = None
-        if uses_tree_rollout(self.config):
-            tree = extra_fields_of(data)
         return rollout_groups.response_records(
             self.global_steps, fields.uid, rm_scores.sum(dim=-1), fields.responses,
-            padded_field(seen, "response_mask"), outputs, self.tokenizer, rewards, boundary_values, tree=tree)
+            padded_field(seen, "response_mask"), outputs, self.tokenizer, rewards, boundary_values, tree=tree_rows)
 
     def _rollout_data_dir(self) -> Optional[str]:
         return select(self.config, "trainer.rollout_data_dir")

@@ -42,9 +42,9 @@ TREE_PATH = "tree_rollout"
 
 BRANCH_RULES = ("fixed", "low_prob")
 SHARED_PREFIX = ("once", "per_leaf")
-"""How often a shared prefix is trained: ``once`` (SPO-tree: a child's copied prefix is masked out of its
-``response_mask``, with any first sampled tokens that repeat the parent's, so each segment is trained by the one sample that generated it) or ``per_leaf`` (TreeRL: every
-row trains its whole reply, a shared token once per leaf below it)."""
+"""How often a shared prefix is trained: ``once`` (SPO-tree: a child's copied prefix, with any first sampled tokens
+that repeat the parent's, is masked out of its ``response_mask``, so each segment is trained by the one sample that
+generated it) or ``per_leaf`` (TreeRL: every row trains its whole reply, a shared token once per leaf below it)."""
 
 
 @dataclass(frozen=True)
