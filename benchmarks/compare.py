@@ -71,13 +71,17 @@ class Metric:
 
 @dataclass(frozen=True)
 class Arm:
-    """An arm: the launcher command (split like a shell), its own overrides and environment, its seeds."""
+    """An arm: the launcher command (split like a shell), its own overrides and environment, its seeds.
+
+    ``seed_offset`` shifts the seed its runs are given (``{seed}`` in the overrides) while it is still paired on the
+    nominal seed: the same arm under another name and an offset is an A/A test on other seeds."""
 
     name: str
     launcher: tuple[str, ...]
     overrides: tuple[str, ...] = ()
     env: dict = field(default_factory=dict)
     seeds: tuple[int, ...] = ()
+    seed_offset: int = 0
 
 
 @dataclass(frozen=True)
@@ -120,8 +124,10 @@ def _arm(name: str, data: dict, seeds: Sequence[int], where: str) -> Arm:
     arm_seeds = data.get("seeds", list(seeds))
     _need(arm_seeds, isinstance(arm_seeds, list) and all(isinstance(s, int) for s in arm_seeds),
           f"{where}.seeds", "a list of integers")
+    offset = _need(data.get("seed_offset", 0), isinstance(data.get("seed_offset", 0), int), f"{where}.seed_offset",
+                   "an integer")
     return Arm(name, tuple(shlex.split(launcher)), tuple(data.get("overrides", ())), dict(data.get("env", {})),
-               tuple(arm_seeds))
+               tuple(arm_seeds), offset)
 
 
 def _metric(name: str, data: dict) -> Metric:
@@ -142,7 +148,8 @@ def _metric(name: str, data: dict) -> Metric:
 
 def load_spec(path: os.PathLike | str) -> Spec:
     """The spec in ``path`` (JSON). Fields: ``description``; ``results`` (the records' folder, relative to the
-    repository); ``steps``; ``seeds``; ``arms`` (name -> ``launcher``, optional ``overrides``, ``env``, ``seeds``);
+    repository); ``steps``; ``seeds``; ``arms`` (name -> ``launcher``, optional ``overrides``, ``env``, ``seeds``,
+    ``seed_offset``);
     ``pairs`` (``[arm, baseline]`` lists); ``metrics`` (name -> :class:`Metric` fields: ``key`` or ``keys``,
     ``window``, ``steps``, ``step``, ``weights``, ``start``, ``rise_from``, ``compare``); optional ``overrides`` and
     ``env`` every run gets, ``keep`` (the metric prefixes a record keeps), ``stall_seconds``, and ``start`` (one
@@ -215,7 +222,7 @@ def command(spec: Spec, arm_name: str, seed: int, checkpoint_dir: str) -> tuple[
     is_start = spec.start is not None and arm_name == spec.start.name
     arm = spec.start if is_start else spec.arms[arm_name]
     steps = 0 if is_start else spec.steps
-    fill = {"arm": arm_name, "seed": seed, "steps": steps, "spec": spec.name}
+    fill = {"arm": arm_name, "seed": seed + arm.seed_offset, "steps": steps, "spec": spec.name}
     overrides = arm.overrides if is_start else (*spec.overrides, *arm.overrides)
     args = [*arm.launcher, f"trainer.total_training_steps={steps}", *(o.format(**fill) for o in overrides),
             f"trainer.default_local_dir={checkpoint_dir}"]
