@@ -38,10 +38,12 @@ from statistics import mean
 from typing import Any, Callable, Optional, Sequence
 
 from benchlib import REPO, portable, read_json, write_json
-from stats import detectable_of, paired_difference, verdict
+from stats import detectable_of, paired_difference, paired_sd, seeds_needed, unpaired_sd, verdict
 
 SPECS = REPO / "benchmarks" / "specs"
 WINDOWS = ("last", "first", "all", "step")
+#: the share of the run's rise a comparison should detect with 80% power (the seeds a report asks for)
+TARGET_SHARE = 0.25
 #: the metric prefixes a record keeps when its spec names none
 KEEP = ("critic/score/", "critic/vf_explained_var", "response_length/mean", "group/", "timing_s/", "actor/entropy",
         "val-")
@@ -389,7 +391,11 @@ def compare_pair(spec: Spec, vals: dict, arm: str, base: str, metric: str) -> di
         rise = mean(rises) if rises else None
     planned = sorted(set(spec.arms[arm].seeds) & set(spec.arms[base].seeds))
     complete = diff["seeds"] == planned
-    return {**diff, "planned": planned, "rise": rise, "detectable": detectable_of(diff["per_seed"]),
+    sd = paired_sd(diff["per_seed"])
+    target = TARGET_SHARE * abs(rise) if rise else None
+    return {**diff, "planned": planned, "rise": rise, "detectable": detectable_of(diff["per_seed"]), "sd": sd,
+            "unpaired_sd": unpaired_sd(vals[metric][arm], vals[metric][base]),
+            "seeds_needed": seeds_needed(sd, target) if sd is not None and target else None,
             "verdict": (verdict(diff, rise) if complete
                         else f"no verdict ({len(diff['seeds'])} of {len(planned)} seeds)")}
 
@@ -411,14 +417,18 @@ def report(spec: Spec) -> str:
             out.append(f"| {arm} | {', '.join(map(str, seeds))} | " + " | ".join(
                 _f(mean(vals[m][arm].values()) if vals[m][arm] else None) for m in spec.metrics) + " |")
     out += ["", "Per pair and metric: mean paired difference, paired SE, per-seed differences, the difference the rule "
-            "detects with 80% power at the observed paired SD (benchmarks/stats.py), the run's rise, the verdict.", "",
-            "| pair | metric | mean | paired SE | per seed | 80%-detectable | rise | verdict |", "|---" * 8 + "|"]
+            "detects with 80% power at the observed paired SD (benchmarks/stats.py), the run's rise, the verdict; then "
+            "the paired SD, the SD of differences between runs of different seeds (what pairing saves), and the seeds "
+            f"the rule needs to detect {TARGET_SHARE:g} of the rise with 80% power at the paired SD.", "",
+            "| pair | metric | mean | paired SE | per seed | 80%-detectable | rise | verdict | paired SD | unpaired SD "
+            f"| seeds for {TARGET_SHARE:g} x rise |", "|---" * 11 + "|"]
     for arm, base in spec.pairs:
         for metric in (name for name, m in spec.metrics.items() if m.compare):
             c = compare_pair(spec, vals, arm, base, metric)
             out.append(f"| {arm} - {base} | {metric} | {_f(c['mean'], '+.3f')} | {_f(c['se'])} | "
                        + ", ".join(f"{d:+.3f}" for d in c["per_seed"]) + f" | {_f(c['detectable'])} | "
-                       f"{_f(c['rise'], '+.3f')} | {c['verdict']} |")
+                       f"{_f(c['rise'], '+.3f')} | {c['verdict']} | {_f(c['sd'])} | {_f(c['unpaired_sd'])} | "
+                       f"{c['seeds_needed'] or ('n/a' if c['sd'] is None or not c['rise'] else '> 40')} |")
     failed = [f"{a} seed {s} ({r.get('reason')})" for (a, s), r in kept.items() if r.get("status") == "failed"]
     missing = [f"{a} seed {s}" for a, s in spec.runs() if (a, s) not in kept]
     out += [""] + ([f"failed runs: {'; '.join(failed)}"] if failed else []) + (

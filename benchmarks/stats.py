@@ -75,6 +75,31 @@ def paired_difference(a: Mapping[int, float], b: Mapping[int, float]) -> dict[st
     return {"seeds": seeds, "per_seed": d, "mean": float(np.mean(d)) if d else None, "se": paired_se(d)}
 
 
+def unpaired_sd(a: Mapping[int, float], b: Mapping[int, float]) -> Optional[float]:
+    """The SD (ddof=1) of differences ``a - b`` between runs of *different* seeds: over the S seeds both have,
+    sorted, seed i of ``a`` against seed i + 1 of ``b`` (cyclically). Set beside :func:`paired_sd` of the matched
+    differences it says how much pairing the arms on a seed cut the noise; None below 2 common seeds."""
+    seeds = sorted(set(a) & set(b))
+    if len(seeds) < 2:
+        return None
+    return paired_sd([float(a[s]) - float(b[t]) for s, t in zip(seeds, seeds[1:] + seeds[:1])])
+
+
+def seeds_needed(sd_paired: float, target: float, max_seeds: int = 40, power: float = POWER,
+                 sims: int = SIMS) -> Optional[int]:
+    """The fewest seeds (2..``max_seeds``) at which the rule detects ``target`` with probability ``power`` when the
+    per-seed paired differences have SD ``sd_paired`` (:func:`detectable_difference`); None when ``max_seeds`` do
+    not suffice. More seeds do not always help: every seed's difference must be positive, so the detectable
+    difference is lowest at about 4 seeds (1.64 paired SDs) and grows beyond (1.80 at 6, 2.01 at 10): under this
+    rule only a smaller paired SD, not more seeds, brings a smaller difference within reach."""
+    if not (isinstance(target, (int, float)) and math.isfinite(target) and target > 0):
+        raise ValueError(f"target: need a finite number > 0, got {target!r}")
+    for n in range(2, max_seeds + 1):
+        if detectable_difference(sd_paired, n, power, sims) <= target:
+            return n
+    return None
+
+
 def rule_verdict(per_seed: Sequence[float]) -> str:
     """``"win"``, ``"lose"`` or ``"level"`` for per-seed paired differences A - B (the rule, :func:`rule_codes`);
     level below 2 seeds."""
@@ -157,9 +182,10 @@ def _check_design(sd_paired: float, n_seeds: int, sims: int) -> None:
 
 def main() -> int:
     """``python benchmarks/stats.py``: the rule's 80%-detectable difference in paired SE per seed count."""
-    print("| seeds | 80%-detectable difference (paired SE) |\n|---|---|")
-    for n in (3, 4, 5, 6, 8, 10):
-        print(f"| {n} | {detectable_in_se(n):.2f} |")
+    print("| seeds | 80%-detectable difference (paired SE) | (paired SD) |\n|---|---|---|")
+    for n in (3, 4, 5, 6, 8, 10, 12):
+        in_se = detectable_in_se(n)
+        print(f"| {n} | {in_se:.2f} | {in_se / math.sqrt(n):.2f} |")
     return 0
 
 

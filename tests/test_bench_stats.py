@@ -89,3 +89,22 @@ def test_bad_design_names_the_argument(kwargs, name):
 def test_rule_codes_refuses_one_seed():
     with pytest.raises(ValueError, match="d:"):
         stats.rule_codes(np.zeros((3, 1)))
+
+
+def test_unpaired_sd_pairs_each_seed_with_the_next_and_shows_what_pairing_saves():
+    shared = {0: 0.1, 1: 0.5, 2: 0.9, 3: 0.3}  # each seed's own level, shared by both arms
+    a = {s: v + 0.02 for s, v in shared.items()}
+    assert stats.paired_sd([a[s] - shared[s] for s in shared]) == pytest.approx(0.0, abs=1e-12)
+    expected = np.std([a[0] - shared[1], a[1] - shared[2], a[2] - shared[3], a[3] - shared[0]], ddof=1)
+    assert stats.unpaired_sd(a, shared) == pytest.approx(expected) and expected > 0.3
+    assert stats.unpaired_sd({0: 1.0}, {0: 2.0}) is None
+
+
+def test_seeds_needed_is_the_first_seed_count_whose_detectable_difference_reaches_the_target():
+    n = stats.seeds_needed(0.02, 0.034, sims=4000)
+    assert n > 2 and stats.detectable_difference(0.02, n, sims=4000) <= 0.034
+    assert stats.detectable_difference(0.02, n - 1, sims=4000) > 0.034
+    # the all-same-sign clause: every seed must come out positive, so below about 1.7 paired SD no seed count will do
+    assert stats.seeds_needed(0.02, 0.03, sims=4000) is None
+    with pytest.raises(ValueError, match="target"):
+        stats.seeds_needed(0.02, 0.0)
