@@ -58,7 +58,7 @@ def fake_record(spec, arm, seed, runs_dir, gain=0.0, status="ok"):
 
 def test_committed_specs_load_and_are_listed():
     names = [name for name, _ in compare.list_specs()]
-    assert {"arith", "tiny_value_sources", "twoway"} <= set(names)
+    assert {"arith", "tiny_value_sources", "twoway", "bench_validation", "first_comparison", "tree_comparison"} <= set(names)
     arith = compare.load_spec(compare.spec_path("arith"))
     assert arith.runs()[0] == ("start", 0)  # the shared validation before training runs first
     assert arith.runs()[1:5] == [("group_ppo", 0), ("gae", 0), ("grpo", 0), ("group_ppo_prefix_tree", 0)]
@@ -71,6 +71,7 @@ def test_committed_specs_load_and_are_listed():
     ({"metrics": {"m": {"key": "x", "window": "middle"}}}, "metrics.m.window"),
     ({"metrics": {"m": {"key": "x", "window": "all", "rise_from": "nothing"}}}, "metrics.m.rise_from"),
     ({"results": "/abs/path"}, "results"),
+    ({"arms": {"a": {"launcher": "x", "seed_offset": "one"}}}, "arms.a.seed_offset"),
 ])
 def test_a_bad_spec_names_its_field(tmp_path, change, field):
     path = write_spec(tmp_path, "results/fake")
@@ -186,3 +187,25 @@ def test_report_reproduces_the_committed_multi_turn_tables():
         assert f"| {arm} | {seeds} | {' | '.join(cells)} | {turns[0]} -> {turns[1]} |" in docs
     turn = compare.compare_pair(spec, vals, "group_ppo_turn", "group_ppo", "final")
     assert turn["verdict"] == "win" and f"{turn['mean']:+.3f} +- {2 * turn['se']:.3f} (3), **win**" in docs
+
+
+def test_an_arms_seed_offset_shifts_the_seed_its_runs_get_but_not_its_pairing():
+    spec = compare.load_spec(compare.spec_path("bench_validation"))
+    assert ("grpo_again", "grpo") in spec.pairs and spec.arms["grpo_again"].seeds == spec.arms["grpo"].seeds
+    again, _ = compare.command(spec, "grpo_again", 2, "ckpt")
+    base, _ = compare.command(spec, "grpo", 2, "ckpt")
+    assert "data.seed=1002" in again and "actor_rollout_ref.rollout.seed=1002" in again and "data.seed=2" in base
+    assert [a for a in again if "seed" not in a] == [a for a in base if "seed" not in a]  # otherwise the same arm
+    assert spec.path("grpo_again", 2).name == "grpo_again-seed2.json"
+
+
+def test_the_pre_registered_specs_run_the_validated_regime():
+    regime = compare.load_spec(compare.spec_path("bench_validation"))
+    for name in ("first_comparison", "tree_comparison"):
+        spec = compare.load_spec(compare.spec_path(name))
+        assert (spec.steps, spec.env, spec.metrics["held-out, end"]) == (
+            regime.steps, regime.env, regime.metrics["held-out, end"])
+        assert [o.replace(name, "bench_validation") for o in spec.overrides] == list(regime.overrides)
+    tree = compare.load_spec(compare.spec_path("tree_comparison"))
+    assert tree.arms["tree_group_ppo"].env == {"ROLLOUT": "tree", "VALUE_SOURCE": "prefix_tree"}
+    assert "actor_rollout_ref.rollout.n=8" in tree.arms["tree_grpo"].overrides
