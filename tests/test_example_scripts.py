@@ -656,3 +656,37 @@ def test_tree_recipe_composes_with_verl_config_and_passes_the_tree_start_up_chec
                                       "actor_rollout_ref.rollout.agent.default_agent_loop"} | {
         "++tree_rollout." + key for key in ("roots", "branching", "segment_tokens")} | {
         GROUP_KEY + key for key in ("value_source", "boundary_rule", "policy_lam", "group_max_size")}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec_name", ["bench_validation", "first_comparison", "tree_comparison"])
+def test_the_benchs_arms_compose_with_verls_config_and_pass_the_start_up_checks(spec_name, tmp_path):
+    """Every arm of the bench's specs, as the comparison engine launches it (benchmarks/compare.py), through the CPU
+    launcher with a stub interpreter: its main_ppo overrides compose with verl's config and pass the checks
+    main_ppo runs before Ray starts; the tree arms sample 8 replies as 2 roots x [2, 2] without a critic."""
+    import sys
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import compare
+
+    spec = compare.load_spec(compare.spec_path(spec_name))
+    calls = tmp_path / "calls.txt"
+    stub = tmp_path / "python"
+    stub.write_text(f'#!/bin/sh\n[ "$2" = verl_group_ppo.tasks.launcher ] && exec {sys.executable} "$@"\n'
+                    f'printf "%s\\n" "$@" ---- >> {calls}\n')
+    stub.chmod(0o755)
+    for arm in spec.arms:
+        calls.unlink(missing_ok=True)
+        args, env = compare.command(spec, arm, 0, str(tmp_path / "ckpt"))
+        proc = subprocess.run(args, env={**os.environ, **env, "PYTHON": str(stub)}, cwd=REPO, capture_output=True,
+                              text=True, timeout=60)
+        assert proc.returncode == 0, f"{arm}: {proc.stderr}"
+        main = [call.splitlines() for call in calls.read_text().split("----\n") if call][-1]
+        assert main[:2] == ["-m", "verl.trainer.main_ppo"], arm
+        cfg = compose(main[2:])
+        critic, _ = main_ppo_checks(cfg)
+        assert cfg.trainer.total_training_steps == spec.steps and cfg.actor_rollout_ref.rollout.val_kwargs.n == 8
+        if env.get("ROLLOUT") == "tree":
+            assert cfg.actor_rollout_ref.rollout.n == 8 and cfg.tree_rollout.roots == 2, arm
+            assert list(cfg.tree_rollout.branching) == [2, 2] and cfg.tree_rollout.segment_tokens == 4, arm
+        assert critic == (arm in ("group_ppo", "gae")), arm
