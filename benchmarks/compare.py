@@ -11,8 +11,9 @@ steps, the metrics read from verl's per-step log lines, and the registered pairs
 one JSON record ``RESULTS/ARM-seedSEED.json``, written atomically when the run ends and skipped when present, so an
 interrupted sweep resumes where it stopped. A record carries the run's exact command (paths relative to the
 repository), the code version (commit, ``git describe`` and whether the tree was dirty), its status and verl's
-metrics per step. A run whose output stops growing for the spec's ``stall_seconds`` (e.g. a Ray worker killed by
-the memory monitor leaves verl's agent loop waiting forever) is killed and recorded as failed with the reason;
+metrics per step. A run whose output shows no progress for the spec's ``stall_seconds`` (e.g. a Ray worker killed
+by the memory monitor leaves verl's agent loop waiting forever, printing only its once-a-minute status line) is
+killed and recorded as failed with the reason;
 the sweep goes on. ``--retry-failed`` runs the failed ones again.
 
 The report applies the comparison rule of :mod:`stats` to every pair and metric: the mean paired difference, its
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -241,24 +243,38 @@ class Outcome:
     seconds: float
 
 
+#: lines that a stalled run keeps printing (verl's agent loop reports its requests once a minute while it waits for
+#: a dead worker forever): output made only of these is not progress
+HEARTBEAT = re.compile(rb"pending: \d+, running: \d+, finished: \d+, failure: \d+\s*$")
+
+
+def _progress(new_output: bytes) -> bool:
+    """Whether ``new_output`` holds a line other than a :data:`HEARTBEAT` (or blank) line."""
+    return any(line.strip() and not HEARTBEAT.search(line) for line in new_output.splitlines())
+
+
 def run_watched(args: Sequence[str], env: dict[str, str], log_path: Path, stall_seconds: float,
                 poll: float = 1.0, cwd: Path = REPO) -> Outcome:
-    """Run ``args`` with its output to ``log_path``; kill its whole process group when the log has not grown for
-    ``stall_seconds`` (the run stalls: nothing moves, nothing ends)."""
+    """Run ``args`` with its output to ``log_path``; kill its whole process group when the log has shown no progress
+    for ``stall_seconds`` (the run stalls: nothing moves, nothing ends). Progress is any new line but the status
+    lines a stalled agent loop keeps printing (:data:`HEARTBEAT`)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    start = last_growth = time.monotonic()
-    size = -1
-    with open(log_path, "wb") as log:
+    start = last_progress = time.monotonic()
+    read = 0
+    with open(log_path, "wb") as log, open(log_path, "rb") as reader:
         proc = subprocess.Popen(list(args), env={**os.environ, **env}, cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
         while proc.poll() is None:
             time.sleep(poll)
-            now_size = log_path.stat().st_size
-            if now_size != size:
-                size, last_growth = now_size, time.monotonic()
-            elif time.monotonic() - last_growth > stall_seconds:
+            reader.seek(read)
+            new = reader.read()
+            cut = new.rfind(b"\n") + 1  # whole lines only; a partial one is read again when it ends
+            read += cut
+            if _progress(new[:cut]):
+                last_progress = time.monotonic()
+            elif time.monotonic() - last_progress > stall_seconds:
                 _kill_group(proc)
-                reason = f"stalled: no new output for {stall_seconds:g} s; killed"
+                reason = f"stalled: no progress in the output for {stall_seconds:g} s; killed"
                 return Outcome(None, reason, time.monotonic() - start)
     return Outcome(proc.returncode, None, time.monotonic() - start)
 

@@ -16,7 +16,8 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import compare  # noqa: E402
 
 FAKE_LAUNCHER = textwrap.dedent('''
-    """A stand-in for main_ppo: logs verl-style step lines; STALL=1 logs one step, then waits forever."""
+    """A stand-in for main_ppo: logs verl-style step lines; STALL=1 logs one step, then waits forever; STALL=heartbeat
+    logs one step, then only the agent loop's status line, forever."""
     import os, sys, time
     args = dict(a.split("=", 1) for a in sys.argv[1:] if "=" in a)
     steps, seed, gain = int(args["trainer.total_training_steps"]), int(args["data.seed"]), float(args.get("+gain", 0))
@@ -24,6 +25,9 @@ FAKE_LAUNCHER = textwrap.dedent('''
         print(f"step:{s} - critic/score/mean:{0.1 * s + gain + 0.001 * seed} - timing_s/step:1.0", flush=True)
         if os.environ.get("STALL") == "1":
             time.sleep(3600)
+        while os.environ.get("STALL") == "heartbeat":  # what verl's agent loop prints while it waits forever
+            print("(TaskRunnerV1 pid=1) INFO:pending: 0, running: 16, finished: 16, failure: 0", flush=True)
+            time.sleep(0.2)
 ''')
 
 
@@ -151,14 +155,22 @@ def test_a_fake_run_is_recorded_with_its_command_code_version_and_metrics(tmp_pa
 
 
 @pytest.mark.slow
-def test_a_stalled_run_is_killed_and_recorded_as_failed_and_the_sweep_goes_on(tmp_path, results):
+@pytest.mark.parametrize("stall", ["1", "heartbeat"])
+def test_a_stalled_run_is_killed_and_recorded_as_failed_and_the_sweep_goes_on(tmp_path, results, stall):
     spec = compare.load_spec(write_spec(tmp_path, results, stall_seconds=2,
-                                        env={"STALL": "1"}, seeds=[0]))
+                                        env={"STALL": stall}, seeds=[0]))
     assert compare.run_spec(spec, runs_dir=tmp_path / "runs", log=lambda m: None) == 2  # both arms ran
     for arm in ("better", "base"):
         record = compare.read_json(spec.path(arm, 0))
-        assert record["status"] == "failed" and record["reason"].startswith("stalled: no new output for 2 s")
+        assert record["status"] == "failed" and record["reason"].startswith("stalled: no progress in the output for 2 s")
         assert record["seconds"] < 30 and record["steps"]["1"]["critic/score/mean"] > 0
+
+
+def test_only_lines_other_than_the_agent_loops_status_count_as_progress():
+    heartbeat = b"\x1b[36m(TaskRunnerV1 pid=3420)\x1b[0m INFO:2026-11-27 20:21:11,685:pending: 0, running: 16, finished: 16, failure: 0\n"
+    assert not compare._progress(heartbeat * 3 + b"\n")
+    assert compare._progress(heartbeat + b"step:12 - critic/score/mean:0.5\n")
+    assert not compare._progress(b"")
 
 
 def test_report_reproduces_the_committed_two_way_arm_table():
