@@ -268,7 +268,7 @@ def run_watched(args: Sequence[str], env: dict[str, str], log_path: Path, stall_
             time.sleep(poll)
             reader.seek(read)
             new = reader.read()
-            cut = new.rfind(b"\n") + 1  # whole lines only; a partial one is read again when it ends
+            cut = max(new.rfind(b"\n"), new.rfind(b"\r")) + 1  # whole lines (a progress bar's "\r" ends one too)
             read += cut
             if _progress(new[:cut]):
                 last_progress = time.monotonic()

@@ -171,6 +171,7 @@ def test_only_lines_other_than_the_agent_loops_status_count_as_progress():
     assert not compare._progress(heartbeat * 3 + b"\n")
     assert compare._progress(heartbeat + b"step:12 - critic/score/mean:0.5\n")
     assert not compare._progress(b"")
+    assert compare._progress(b"Loading weights:  50%|#####     | 13/26\r")  # a progress bar moving
 
 
 def test_report_reproduces_the_committed_two_way_arm_table():
