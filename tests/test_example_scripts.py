@@ -660,7 +660,7 @@ def test_tree_recipe_composes_with_verl_config_and_passes_the_tree_start_up_chec
 
 @pytest.mark.slow
 @pytest.mark.parametrize("spec_name", ["bench_validation", "first_comparison", "tree_comparison"])
-def test_the_benchs_arms_compose_with_verls_config_and_pass_the_start_up_checks(spec_name, tmp_path):
+def test_the_benchs_arms_compose_with_verls_config_and_pass_the_start_up_checks(spec_name, tiny_model, tmp_path):
     """Every arm of the bench's specs, as the comparison engine launches it (benchmarks/compare.py), through the CPU
     launcher with a stub interpreter: its main_ppo overrides compose with verl's config and pass the checks
     main_ppo runs before Ray starts; the tree arms sample 8 replies as 2 roots x [2, 2] without a critic."""
@@ -678,8 +678,13 @@ def test_the_benchs_arms_compose_with_verls_config_and_pass_the_start_up_checks(
     for arm in spec.arms:
         calls.unlink(missing_ok=True)
         args, env = compare.command(spec, arm, 0, str(tmp_path / "ckpt"))
-        proc = subprocess.run(args, env={**os.environ, **env, "PYTHON": str(stub)}, cwd=REPO, capture_output=True,
-                              text=True, timeout=60)
+        assert env["WORK_DIR"].endswith("runs/regime-tiny") and env["PREPARE"] == "0"
+        work = tmp_path / "work"  # the spec's prepared task, stood in for by a tiny model (a fresh clone has none)
+        work.mkdir(exist_ok=True)
+        if not (work / "model").exists():
+            (work / "model").symlink_to(tiny_model)
+        proc = subprocess.run(args, env={**os.environ, **env, "WORK_DIR": str(work), "PYTHON": str(stub)}, cwd=REPO,
+                              capture_output=True, text=True, timeout=60)
         assert proc.returncode == 0, f"{arm}: {proc.stderr}"
         main = [call.splitlines() for call in calls.read_text().split("----\n") if call][-1]
         assert main[:2] == ["-m", "verl.trainer.main_ppo"], arm
