@@ -21,6 +21,7 @@ Benchmark scripts import this module by name (``from stats import ...``: a scrip
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Mapping, Optional, Sequence
 
@@ -94,10 +95,17 @@ def seeds_needed(sd_paired: float, target: float, max_seeds: int = 40, power: fl
     rule only a smaller paired SD, not more seeds, brings a smaller difference within reach."""
     if not (isinstance(target, (int, float)) and math.isfinite(target) and target > 0):
         raise ValueError(f"target: need a finite number > 0, got {target!r}")
-    for n in range(2, max_seeds + 1):
-        if detectable_difference(sd_paired, n, power, sims) <= target:
+    _check_design(sd_paired, 2, sims)
+    for n in range(2, max_seeds + 1):  # the rule is scale-free: the detectable difference is sd_paired times its
+        if _detectable_per_sd(n, power, sims) * sd_paired <= target:  # value at SD 1, simulated once per seed count
             return n
     return None
+
+
+@functools.lru_cache(maxsize=None)
+def _detectable_per_sd(n_seeds: int, power: float, sims: int) -> float:
+    """:func:`detectable_difference` at paired SD 1 (kept: every report asks for the same seed counts)."""
+    return detectable_difference(1.0, n_seeds, power, sims)
 
 
 def rule_verdict(per_seed: Sequence[float]) -> str:

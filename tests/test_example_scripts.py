@@ -456,6 +456,19 @@ CPU_TASKS = [("tiny", "0"), ("tiny", "1"), ("twoway", "0"), ("arith", "0")]
 def cpu_launcher_command(tmp_path: Path, task: str, multi_turn: str, estimator: str, *extra: str) -> list[list[str]]:
     """Every interpreter call the CPU launcher makes (prepare, then main_ppo), through a stub PYTHON that records
     them and runs only the task spec's ``python -m verl_group_ppo.tasks.launcher`` (the launcher reads its variables)."""
+    stub, calls = stub_interpreter(tmp_path)
+    env = {**os.environ, "TASK": task, "MULTI_TURN": multi_turn, "WORK_DIR": str(tmp_path / "work"),
+           "PYTHON": str(stub)}
+    proc = subprocess.run(["bash", str(CPU_LAUNCHER), estimator, *extra], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return recorded_calls(calls)
+
+
+def stub_interpreter(tmp_path: Path) -> tuple[Path, Path]:
+    """A stand-in ``PYTHON`` for the CPU launcher and the file it records into (emptied): it appends each call's
+    arguments, then a ``----`` line, and runs only the task spec's ``python -m verl_group_ppo.tasks.launcher`` (the
+    launcher reads its variables from it)."""
     import sys
 
     calls = tmp_path / "calls.txt"
@@ -464,11 +477,11 @@ def cpu_launcher_command(tmp_path: Path, task: str, multi_turn: str, estimator: 
     stub.write_text(f'#!/bin/sh\n[ "$2" = verl_group_ppo.tasks.launcher ] && exec {sys.executable} "$@"\n'
                     f'printf "%s\\n" "$@" ---- >> {calls}\n')
     stub.chmod(0o755)
-    env = {**os.environ, "TASK": task, "MULTI_TURN": multi_turn, "WORK_DIR": str(tmp_path / "work"),
-           "PYTHON": str(stub)}
-    proc = subprocess.run(["bash", str(CPU_LAUNCHER), estimator, *extra], env=env, capture_output=True, text=True,
-                          timeout=60)
-    assert proc.returncode == 0, proc.stderr
+    return stub, calls
+
+
+def recorded_calls(calls: Path) -> list[list[str]]:
+    """The interpreter calls :func:`stub_interpreter` recorded, in order."""
     return [call.splitlines() for call in calls.read_text().split("----\n") if call]
 
 
@@ -670,13 +683,8 @@ def test_the_benchs_arms_compose_with_verls_config_and_pass_the_start_up_checks(
     import compare
 
     spec = compare.load_spec(compare.spec_path(spec_name))
-    calls = tmp_path / "calls.txt"
-    stub = tmp_path / "python"
-    stub.write_text(f'#!/bin/sh\n[ "$2" = verl_group_ppo.tasks.launcher ] && exec {sys.executable} "$@"\n'
-                    f'printf "%s\\n" "$@" ---- >> {calls}\n')
-    stub.chmod(0o755)
     for arm in spec.arms:
-        calls.unlink(missing_ok=True)
+        stub, calls = stub_interpreter(tmp_path)
         args, env = compare.command(spec, arm, 0, str(tmp_path / "ckpt"))
         assert env["WORK_DIR"].endswith("runs/regime-tiny") and env["PREPARE"] == "0"
         work = tmp_path / "work"  # the spec's prepared task, stood in for by a tiny model (a fresh clone has none)
@@ -686,7 +694,7 @@ def test_the_benchs_arms_compose_with_verls_config_and_pass_the_start_up_checks(
         proc = subprocess.run(args, env={**os.environ, **env, "WORK_DIR": str(work), "PYTHON": str(stub)}, cwd=REPO,
                               capture_output=True, text=True, timeout=60)
         assert proc.returncode == 0, f"{arm}: {proc.stderr}"
-        main = [call.splitlines() for call in calls.read_text().split("----\n") if call][-1]
+        main = recorded_calls(calls)[-1]
         assert main[:2] == ["-m", "verl.trainer.main_ppo"], arm
         cfg = compose(main[2:])
         critic, _ = main_ppo_checks(cfg)
