@@ -1,14 +1,15 @@
 """The launchers' tasks on a CUDA machine, a few steps each, with a record per run (docs/reproducing.md, "Air-gapped
 node").
 
-    python3 benchmarks/bench_gpu_runs.py --out DIR [--run TASK:ESTIMATOR:STEPS ...] [--override TASK:KEY=VALUE ...]
-        [--timeout-s S]
+    python3 benchmarks/bench_gpu_runs.py --out DIR [--run TASK:ESTIMATOR:STEPS[:VAR=VALUE,...] ...]
+        [--override TASK:KEY=VALUE ...] [--timeout-s S]
 
-Each run is ``DEVICE=cuda NCCL_DEBUG=INFO PREPARE=0 bash examples/cpu/run_<TASK>_<ESTIMATOR>.sh
-trainer.total_training_steps=STEPS [OVERRIDES]`` (``--override``: Hydra overrides for one task's runs) on a task
+Each run is ``DEVICE=cuda NCCL_DEBUG=INFO PREPARE=0 [VAR=VALUE ...] bash examples/cpu/run_<TASK>_<ESTIMATOR>.sh
+trainer.total_training_steps=STEPS [OVERRIDES]`` (``VAR=VALUE``: the launcher's own variables, e.g.
+``ROLLOUT=tree,VALUE_SOURCE=prefix_tree``) (``--override``: Hydra overrides for one task's runs) on a task
 directory that is already prepared (``--work-dir TASK=DIR``, default
 the launcher's), with the hf rollout and sdpa attention (no vLLM, no flash-attn). For every run it writes
-``DIR/<TASK>-<ESTIMATOR>.json``: the command (paths relative to the repository), the versions (Python, torch, CUDA,
+``DIR/<TASK>-<ESTIMATOR>[-<VALUE>...].json``: the command (paths relative to the repository), the versions (Python, torch, CUDA,
 GPU, transformers, verl, ray), the exit status and wall time, whether the model held random weights (a timing-only
 run: ``python -m verl_group_ppo.tasks.maths.checkpoint random-weights``), the NCCL communicator lines, and verl's
 per-step metrics (``critic/score/mean``, ``timing_s/*``, ...) with the mean breakdown over the steps after the first;
@@ -40,15 +41,27 @@ ESTIMATORS = ("group_ppo", "gae", "grpo")
 NCCL_LINE = re.compile(r"NCCL INFO .*(comm 0x|Init COMPLETE|nRanks|NCCL version)")
 
 
-def parse_run(text: str) -> tuple[str, str, int]:
-    """``TASK:ESTIMATOR:STEPS`` -> its parts; ValueError naming ``--run`` when it is not one."""
+LAUNCHER_VAR = re.compile(r"^([A-Z][A-Z0-9_]*)=([A-Za-z0-9_.-]+)$")
+
+
+def parse_run(text: str) -> tuple[str, str, int, tuple[tuple[str, str], ...]]:
+    """``TASK:ESTIMATOR:STEPS[:VAR=VALUE,...]`` -> (task, estimator, steps, launcher variables); ValueError naming
+    ``--run`` when it is not one."""
     parts = text.split(":")
-    if len(parts) != 3 or parts[1] not in ESTIMATORS or not parts[2].isdigit() or int(parts[2]) < 1:
-        raise ValueError(f"--run: {text!r} is not TASK:ESTIMATOR:STEPS (ESTIMATOR one of {ESTIMATORS}, STEPS >= 1)")
+    if len(parts) not in (3, 4) or parts[1] not in ESTIMATORS or not parts[2].isdigit() or int(parts[2]) < 1:
+        raise ValueError(f"--run: {text!r} is not TASK:ESTIMATOR:STEPS[:VAR=VALUE,...] (ESTIMATOR one of "
+                         f"{ESTIMATORS}, STEPS >= 1)")
     launcher = REPO / "examples" / "cpu" / f"run_{parts[0]}_{parts[1]}.sh"
     if not launcher.is_file():
         raise ValueError(f"--run: {text!r} has no launcher {launcher.relative_to(REPO)}")
-    return parts[0], parts[1], int(parts[2])
+    variables = []
+    for item in (parts[3].split(",") if len(parts) == 4 else []):
+        match = LAUNCHER_VAR.match(item)
+        if match is None:
+            raise ValueError(f"--run: {item!r} in {text!r} is not VAR=VALUE (upper-case VAR; VALUE of letters, "
+                             "digits, '_', '.', '-')")
+        variables.append((match[1], match[2]))
+    return parts[0], parts[1], int(parts[2]), tuple(variables)
 
 
 def versions() -> dict[str, str]:
@@ -75,15 +88,17 @@ def random_weights(work_dir: Path) -> bool:
 
 
 def run_one(task: str, estimator: str, steps: int, work_dir: Path | None, out: Path, timeout_s: float,
-            overrides: tuple[str, ...] = ()) -> dict:
-    """Run one launcher on CUDA (Hydra ``overrides`` after the steps); write its record and compressed log under
-    ``out``; return the record."""
+            overrides: tuple[str, ...] = (), variables: tuple[tuple[str, str], ...] = ()) -> dict:
+    """Run one launcher on CUDA (its ``variables`` in the environment, Hydra ``overrides`` after the steps); write
+    its record and compressed log under ``out``; return the record."""
     launcher = f"examples/cpu/run_{task}_{estimator}.sh"
     args = [f"trainer.total_training_steps={steps}", *overrides]
-    env = {**os.environ, "DEVICE": "cuda", "NCCL_DEBUG": "INFO", "PREPARE": "0", "PYTHONUNBUFFERED": "1"}
+    settings = {"DEVICE": "cuda", "NCCL_DEBUG": "INFO", "PREPARE": "0", **dict(variables)}
+    env = {**os.environ, **settings, "PYTHONUNBUFFERED": "1"}
     if work_dir is not None:
         env["WORK_DIR"] = str(work_dir)
-    print(f"[gpu runs] {task} {estimator}: {steps} steps", flush=True)
+    name = "-".join([task, estimator, *(value for _, value in variables)])
+    print(f"[gpu runs] {name}: {steps} steps", flush=True)
     start = time.time()
     try:
         done = subprocess.run(["bash", launcher, *args], cwd=REPO, env=env, capture_output=True, text=True,
@@ -97,7 +112,7 @@ def run_one(task: str, estimator: str, steps: int, work_dir: Path | None, out: P
         subprocess.run(["ray", "stop", "--force"], capture_output=True)  # no Ray left over for the next run
     steps_logged = parse_step_metrics(text)
     record = {
-        "command": f"DEVICE=cuda NCCL_DEBUG=INFO PREPARE=0 bash {launcher} {' '.join(args)}",
+        "command": " ".join([*(f"{key}={value}" for key, value in settings.items()), "bash", launcher, *args]),
         "work_dir": os.path.relpath(work_dir, REPO) if work_dir is not None else "the launcher's default",
         "random_weights": random_weights(work_dir or REPO / "runs" / f"cpu-{task}"),
         "versions": versions(),
@@ -108,7 +123,6 @@ def run_one(task: str, estimator: str, steps: int, work_dir: Path | None, out: P
         "timing_mean_after_first": timing_breakdown(steps_logged) if steps_logged else {},
         "last_lines": [line[-300:] for line in text.splitlines()[-15:]] if status != 0 else [],
     }
-    name = f"{task}-{estimator}"
     (out / f"{name}.json").write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
     with gzip.open(out / f"{name}.log.gz", "wt") as f:
         f.write(text)
@@ -140,7 +154,8 @@ def report(folder: Path) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, help="a folder for the records and logs")
-    parser.add_argument("--run", action="append", help=f"TASK:ESTIMATOR:STEPS (repeatable; default {DEFAULT_RUNS})")
+    parser.add_argument("--run", action="append",
+                        help=f"TASK:ESTIMATOR:STEPS[:VAR=VALUE,...] (repeatable; default {DEFAULT_RUNS})")
     parser.add_argument("--override", action="append", default=[],
                         help="TASK:KEY=VALUE: a Hydra override for that task's runs (repeatable)")
     parser.add_argument("--work-dir", action="append", default=[], help="TASK=DIR: that task's prepared directory")
@@ -168,8 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     print(json.dumps(versions()), flush=True)
     failed = [run for run in runs
-              if run_one(*run, work_dirs.get(run[0]), args.out, args.timeout_s,
-                         tuple(overrides.get(run[0], ())))["exit_status"] != 0]
+              if run_one(*run[:3], work_dirs.get(run[0]), args.out, args.timeout_s,
+                         tuple(overrides.get(run[0], ())), run[3])["exit_status"] != 0]
     return 1 if failed else 0
 
 

@@ -201,12 +201,15 @@ def test_tree_bench_summarizes_tokens_times_and_rounds_after_the_first_step():
 # bench_gpu_runs: the CUDA runs' driver (its runs need a GPU; its inputs and records are checked here)
 
 
-@pytest.mark.parametrize("bad", ["tiny:group_ppo", "tiny:ppo:3", "tiny:gae:0", "nosuchtask:gae:2", "tiny:gae:x"])
+@pytest.mark.parametrize("bad", ["tiny:group_ppo", "tiny:ppo:3", "tiny:gae:0", "nosuchtask:gae:2", "tiny:gae:x",
+                                 "tiny:gae:2:rollout=tree", "tiny:gae:2:ROLLOUT=a/b", "tiny:gae:2:ROLLOUT"])
 def test_the_gpu_runs_refuse_a_run_that_is_not_task_estimator_steps(bad):
     gpu = _load("bench_gpu_runs")
     with pytest.raises(ValueError, match="^--run: "):
         gpu.parse_run(bad)
-    assert gpu.parse_run("arith:grpo:2") == ("arith", "grpo", 2)
+    assert gpu.parse_run("arith:grpo:2") == ("arith", "grpo", 2, ())
+    assert gpu.parse_run("tiny:group_ppo:3:ROLLOUT=tree,VALUE_SOURCE=prefix_tree") == (
+        "tiny", "group_ppo", 3, (("ROLLOUT", "tree"), ("VALUE_SOURCE", "prefix_tree")))
     assert all(gpu.parse_run(run) for run in gpu.DEFAULT_RUNS)
 
 
@@ -234,3 +237,9 @@ def test_the_gpu_runs_record_a_failed_run_and_its_steps(tmp_path, monkeypatch):
     assert not os.path.isabs(record["work_dir"])
     table = gpu.report(tmp_path)
     assert "| tiny-gae | 1 |" in table and "| 2.00 | 0.50 |" in table and "| 0.500 | random |" in table
+    seen = {}
+    monkeypatch.setattr(gpu.subprocess, "run", lambda command, **kwargs: (
+        seen.setdefault("env", kwargs.get("env")), fake_run(command, **kwargs))[1])
+    tree = gpu.run_one("tiny", "group_ppo", 2, work, tmp_path, timeout_s=10, variables=(("ROLLOUT", "tree"),))
+    assert seen["env"]["ROLLOUT"] == "tree" and (tmp_path / "tiny-group_ppo-tree.json").is_file()
+    assert "ROLLOUT=tree bash examples/cpu/run_tiny_group_ppo.sh" in tree["command"]
