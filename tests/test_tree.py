@@ -315,6 +315,83 @@ def test_tree_segments_get_the_advantages_a_plain_loop_over_the_tree_gives(seed,
                     assert float(out.advantages[b, t]) == pytest.approx(expected, abs=1e-6), (b, s, e, t)
 
 
+def _sibling_loop(replies, uids, b, s):
+    """The node a segment starting at position s of reply b hangs from, as a plain loop: the rows of b's prompt that
+    share its first s tokens."""
+    return frozenset(j for j in range(len(replies)) if uids[j] == uids[b] and len(replies[j]) >= s
+                     and replies[j][:s] == replies[b][:s])
+
+
+@pytest.mark.parametrize("shared_prefix", ["once", "per_leaf"])
+@pytest.mark.parametrize("seed", range(3))
+def test_parent_normalisation_scales_each_segment_with_its_siblings(seed, shared_prefix):
+    """adv_norm='parent': every group's advantage minus the mean over the groups that start at the same tree node,
+    over their Bessel std plus epsilon (a node with one group: unchanged), node membership found by a plain loop."""
+    replies, uids, ids, exists, mask, scores, rewards = _tree_batch(seed, shared_prefix)
+    fields = BatchFields(response_mask=mask, reply_lengths=exists.sum(dim=1), responses=ids, scores=scores, uid=uids)
+
+    def run(adv_norm):
+        settings = AlgorithmSettings(gamma=1.0, lam=1.0, group=GroupParams(
+            value_source="prefix_tree", boundary_rule="tree", policy_lam=0.0, adv_norm=adv_norm))
+        bv = boundary_values(settings, fields)
+        assert (bv.parent_nodes is not None) == (adv_norm == "parent")
+        return compute_group_ppo_outputs(rewards, mask.float(), values=bv.values, settings=settings, index=uids,
+                                         endpoints=bv.endpoints, parent_nodes=bv.parent_nodes)
+
+    raw, normed = run("none"), run("parent")
+    assert torch.equal(raw.group_ids, normed.group_ids)
+    heads = {}  # node -> [(b, first, last, raw advantage)]
+    for b in range(len(replies)):
+        positions = mask[b].nonzero().flatten().tolist()
+        for g in sorted(set(raw.group_ids[b, positions].tolist())):
+            members = [t for t in positions if int(raw.group_ids[b, t]) == g]
+            node = _sibling_loop(replies, uids, b, members[0])
+            heads.setdefault(node, []).append((b, members, float(raw.advantages[b, members[0]])))
+    eps = GroupParams().group_epsilon
+    several = 0
+    for node, groups in heads.items():
+        values = [a for _, _, a in groups]
+        if len(values) < 2:
+            mean, scale = 0.0, 1.0 + eps
+        else:
+            several += 1
+            mean = sum(values) / len(values)
+            scale = (sum((a - mean) ** 2 for a in values) / (len(values) - 1)) ** 0.5 + eps
+        for b, members, a in groups:
+            for t in members:
+                assert float(normed.advantages[b, t]) == pytest.approx((a - mean) / scale, abs=1e-5), (b, t)
+    assert several >= 2  # roots and at least one branch node hold siblings
+    assert torch.all(normed.advantages[mask == 0] == 0)
+
+
+def test_parent_nodes_name_the_rows_that_share_a_prefix():
+    from verl_group_ppo.values.prefix_tree import parent_nodes
+    ids, exists = _rows([[1, 2, 3], [1, 2, 4], [1, 5, 6], [7, 8, 9]], 3)
+    nodes = parent_nodes(ids, exists, ["a", "a", "a", "b"])
+    T = 3
+    assert nodes[:3, 0].tolist() == [0, 0, 0] and nodes[3, 0] == 3 * T  # the empty prefix: one node per prompt
+    assert nodes[0, 2] == nodes[1, 2] == 0 * T + 2 and nodes[2, 2] == 2 * T + 2  # [1, 2] vs [1, 5]
+    assert nodes[0, 1] == nodes[1, 1] == nodes[2, 1] == 1  # all share [1]
+
+
+def test_parent_normalisation_is_refused_off_the_tree_and_without_nodes():
+    with pytest.raises(ValueError, match=r"adv_norm='parent' needs algorithm.group_params.boundary_rule='tree'"):
+        GroupParams(value_source="prefix_tree", adv_norm="parent")
+    with pytest.raises(ValueError, match=r"adv_norm='parent' needs algorithm.group_params.within_group='broadcast'"):
+        GroupParams(value_source="prefix_tree", boundary_rule="tree", adv_norm="parent", within_group="per_token")
+    tree = AlgorithmSettings(group=GroupParams(value_source="prefix_tree", boundary_rule="tree", adv_norm="parent"))
+    args = dict(values=torch.zeros(2, 3), index=["a", "a"], endpoints=torch.ones(2, 3, dtype=torch.bool))
+    with pytest.raises(ValueError, match="parent_nodes is required by adv_norm='parent'"):
+        compute_group_ppo_outputs(torch.zeros(2, 3), torch.ones(2, 3), settings=tree, **args)
+    with pytest.raises(ValueError, match="parent_nodes must be an integer"):
+        compute_group_ppo_outputs(torch.zeros(2, 3), torch.ones(2, 3), settings=tree, parent_nodes=torch.zeros(2, 3),
+                                  **args)
+    plain = AlgorithmSettings(group=GroupParams(value_source="prefix_tree", boundary_rule="tree"))
+    with pytest.raises(ValueError, match="parent_nodes is read only by adv_norm='parent'"):
+        compute_group_ppo_outputs(torch.zeros(2, 3), torch.ones(2, 3), settings=plain,
+                                  parent_nodes=torch.zeros(2, 3, dtype=torch.long), **args)
+
+
 def test_tree_rule_is_refused_without_prefix_tree_values_or_endpoints():
     with pytest.raises(ValueError, match="boundary_rule='tree' does not combine with .*value_source='critic'"):
         GroupParams(boundary_rule="tree")

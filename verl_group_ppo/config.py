@@ -19,7 +19,7 @@ BOUNDARY_RULES = ("variance", "fixed", "low_prob", "turn", "tree")
 VALUE_SOURCES = ("critic", "mc", "prefix_tree")
 DEFAULT_BOUNDARY_RULE = {"critic": "variance", "mc": "fixed", "prefix_tree": "fixed"}
 """The boundary rule each value source takes when ``boundary_rule`` is null (docs/algorithm.md, "Value sources")."""
-ADV_NORMS = ("batch", "prompt", "none")
+ADV_NORMS = ("batch", "prompt", "parent", "none")
 CRITIC_LOSS_ON = ("boundaries", "all_tokens")
 ADAPTIVE_TARGETS = ("explained_variance", "group_size")
 WITHIN_GROUP = ("broadcast", "per_token")
@@ -58,7 +58,8 @@ class GroupParams:
         "rollout's segments: groups end at each row's branch points, group_max_size unused; value_source "
         "prefix_tree only); null = the value source's default (DEFAULT_BOUNDARY_RULE).", None)
     low_prob_threshold: float = _help("low_prob rule: a new group starts at a token with old prob below this.", 0.9)
-    adv_norm: str = _help("Advantage normalisation: 'batch' (verl masked_whiten), 'prompt' (per uid) or 'none'.",
+    adv_norm: str = _help("Advantage normalisation: 'batch' (verl masked_whiten), 'prompt' (per uid), 'parent' (per "
+                          "tree node, over the segments that hang from it; boundary_rule tree only) or 'none'.",
                           "batch")
     target_explained_variance: float = _help(
         "adaptive_target=explained_variance: the boundary explained variance tau steers toward.", 0.5)
@@ -289,6 +290,13 @@ def _validate_value_source(p: GroupParams) -> None:
         raise ValueError(f"{GROUP_PARAMS_PATH}.boundary_rule='tree' does not combine with {GROUP_PARAMS_PATH}."
                          f"value_source={p.value_source!r}: the tree's segments are the pieces on which the prefix "
                          "tree's value is constant; use value_source=prefix_tree (with the tree rollout)")
+    if p.adv_norm == "parent":
+        for key, needed in (("boundary_rule", "tree"), ("within_group", "broadcast"),
+                            ("policy_loss_on", "all_tokens")):
+            if getattr(p, key) != needed:
+                raise ValueError(f"{GROUP_PARAMS_PATH}.adv_norm='parent' needs {GROUP_PARAMS_PATH}.{key}={needed!r} "
+                                 f"(it normalises each tree segment's advantage with its siblings'), got "
+                                 f"{getattr(p, key)!r}")
     if p.uses_critic:
         return
     for key, refused, why in _NOT_WITH_SOURCE[p.value_source] + _CRITIC_ONLY:

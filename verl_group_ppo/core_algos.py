@@ -98,6 +98,7 @@ def compute_group_advantage(
     old_log_probs: Optional[torch.Tensor] = None,
     threshold: Optional[float] = None,
     endpoints: Optional[torch.Tensor] = None,
+    parent_nodes: Optional[torch.Tensor] = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GROUP-PPO advantages and returns, with verl's advantage-estimator calling convention.
@@ -113,6 +114,9 @@ def compute_group_advantage(
         threshold: current variance threshold tau; None uses ``group_params.group_variance_threshold``.
         endpoints: (B, T) bool group endpoints decided elsewhere (as :func:`find_group_endpoints` returns them,
             False at masked positions); step 2 is then skipped. None: step 2 decides them.
+        parent_nodes: (B, T) integer, read only by ``adv_norm='parent'`` (and required by it): at each group's
+            first token, the node of the tree the group hangs from (groups with equal ids are siblings and are
+            normalised together), as :func:`~verl_group_ppo.values.prefix_tree.parent_nodes` returns them.
         **kwargs: ignored (verl passes extra fields such as ``reward_baselines``).
 
     Returns:
@@ -120,7 +124,7 @@ def compute_group_advantage(
     """
     settings = read_algorithm_settings(config)
     batch, tau, lam = _validated(token_level_rewards, response_mask, values, settings, index, old_log_probs,
-                                 threshold, endpoints)
+                                 threshold, endpoints, parent_nodes)
     steps = run_steps(batch, settings, tau, lam, _given_ends(endpoints, batch))  # as compute_group_ppo_outputs
     return steps.advantages, steps.returns
 
@@ -136,15 +140,16 @@ def compute_group_ppo_outputs(
     old_log_probs: Optional[torch.Tensor] = None,
     threshold: Optional[float] = None,
     endpoints: Optional[torch.Tensor] = None,
+    parent_nodes: Optional[torch.Tensor] = None,
 ) -> GroupPPOOutputs:
     """One pass giving advantages, returns, groups, critic mask and weights, and ``group/*`` metrics.
 
-    Tensors (and ``endpoints``) as in :func:`compute_group_advantage`; ``settings`` from
+    Tensors (and ``endpoints``, ``parent_nodes``) as in :func:`compute_group_advantage`; ``settings`` from
     :func:`~verl_group_ppo.config.read_algorithm_settings`. The threshold is not updated here: hand the
     outputs to :meth:`AdaptiveThreshold.update` (step 6).
     """
     batch, tau, lam = _validated(token_level_rewards, response_mask, values, settings, index, old_log_probs,
-                                 threshold, endpoints)
+                                 threshold, endpoints, parent_nodes)
     steps = run_steps(batch, settings, tau, lam, _given_ends(endpoints, batch))  # steps 1-7: advantages, returns
     groups, n_valid = steps.groups, batch.n_valid
     group_ids = groups.ids  # step 3's ids (made after the pass, once its buffers are freed: peak memory)
@@ -416,10 +421,10 @@ class AdaptiveThreshold:
 
 
 def _validated(token_level_rewards: Any, response_mask: Any, values: Any, settings: AlgorithmSettings, index: Any,
-               old_log_probs: Any, threshold: Optional[float],
-               endpoints: Any) -> tuple[Batch, float, Union[float, torch.Tensor]]:
-    """The pass's inputs, checked (a ValueError names a bad one): the batch (:func:`prepare`), tau and the
-    advantages' lambda."""
+               old_log_probs: Any, threshold: Optional[float], endpoints: Any,
+               parent_nodes: Any = None) -> tuple[Batch, float, Union[float, torch.Tensor]]:
+    """The pass's inputs, checked (a ValueError names a bad one): the batch (:func:`prepare`, with
+    ``parent_nodes`` under ``adv_norm='parent'``), tau and the advantages' lambda."""
     if not isinstance(settings, AlgorithmSettings):
         raise ValueError(f"settings must be an AlgorithmSettings (read_algorithm_settings(config)), "
                          f"got {type(settings).__name__}")
@@ -427,7 +432,26 @@ def _validated(token_level_rewards: Any, response_mask: Any, values: Any, settin
         raise ValueError("endpoints is required by boundary_rule='tree' (the tree's branch points, which the "
                          "prefix_tree value source finds: verl_group_ppo.values.boundary_values)")
     batch = prepare(token_level_rewards, response_mask, values, index, old_log_probs, settings.group)
+    batch.parent_nodes = _checked_parent_nodes(parent_nodes, batch.valid, settings.group.adv_norm)
     return batch, _resolve_threshold(threshold, settings.group), _policy_lambda(batch, settings)
+
+
+def _checked_parent_nodes(parent_nodes: Any, valid: torch.Tensor, adv_norm: str) -> Optional[torch.Tensor]:
+    """``parent_nodes`` (B, T) integer on ``valid``'s device under ``adv_norm='parent'``, None otherwise; a ValueError
+    names it when it is missing, misshapen, not integer, or given to another normalisation."""
+    if adv_norm != "parent":
+        if parent_nodes is not None:
+            raise ValueError(f"parent_nodes is read only by adv_norm='parent', and adv_norm={adv_norm!r}")
+        return None
+    if parent_nodes is None:
+        raise ValueError("parent_nodes is required by adv_norm='parent' (the tree node each group hangs from, which "
+                         "the prefix_tree value source finds: verl_group_ppo.values.boundary_values)")
+    shape = tuple(valid.shape)
+    if (not isinstance(parent_nodes, torch.Tensor) or tuple(parent_nodes.shape) != shape
+            or parent_nodes.dtype.is_floating_point or parent_nodes.dtype == torch.bool):
+        raise ValueError(f"parent_nodes must be an integer (B, T) tensor of the shape of response_mask {shape}, "
+                         f"got {describe(parent_nodes)}")
+    return parent_nodes.to(device=valid.device, dtype=torch.long)
 
 
 def _resolve_threshold(threshold: Optional[float], params: GroupParams) -> float:

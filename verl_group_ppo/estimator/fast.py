@@ -55,6 +55,7 @@ class Batch:
     old_log_probs: Optional[torch.Tensor]  # (B, T), 0 at masked positions; low_prob rule only
     index: Optional[np.ndarray]  # (B,) prompt ids as 0..P-1
     n_valid: int
+    parent_nodes: Optional[torch.Tensor] = None  # (B, T) long, adv_norm='parent' only: each group's tree node
 
 
 @dataclass(frozen=True)
@@ -612,8 +613,9 @@ def _normalized_heads(heads: torch.Tensor, groups: Groups, batch: Batch, setting
     group's first token, in the order of :attr:`Groups.slots`), each the advantage of its group's ``sizes`` tokens.
 
     ``batch``: :func:`_normalize_advantages_`'s statistics over the valid tokens, each group counted once per token
-    (sums in float64); ``prompt``: per prompt id over the groups, each once (:func:`_prompt_moments`); ``none``:
-    ``heads`` as they are.
+    (sums in float64); ``prompt``: per prompt id over the groups, each once (:func:`_set_moments`); ``parent``: the
+    same per tree node, over the sibling groups that hang from it (``batch.parent_nodes`` at each group's first
+    token); ``none``: ``heads`` as they are.
     """
     mode = settings.group.adv_norm
     if mode == "batch" and batch.n_valid >= 2:
@@ -623,10 +625,15 @@ def _normalized_heads(heads: torch.Tensor, groups: Groups, batch: Batch, setting
         x.sub_(mean)
         var = _dot(tokens, x * x) / (n + 1e-8) * (n / (n - 1))
         return x.mul_(1.0 / math.sqrt(var + 1e-8)).to(heads.dtype)
-    if mode == "prompt":
-        pid = torch.as_tensor(batch.index, device=heads.device)[groups.slots // batch.valid.shape[1]]
-        mean, scale = _prompt_moments(heads, pid, batch.index, settings.norm_adv_by_std_in_grpo,
-                                      settings.group.group_epsilon)
+    if mode in ("prompt", "parent"):
+        if mode == "prompt":
+            pid = torch.as_tensor(batch.index, device=heads.device)[groups.slots // batch.valid.shape[1]]
+            n_sets = _n_prompts(batch.index)
+        else:  # the siblings of a tree node: the groups whose first token names it
+            nodes = gather_flat(batch.parent_nodes.view(-1), groups.slots)
+            _, pid = torch.unique(nodes, return_inverse=True)
+            n_sets = int(pid.max()) + 1 if len(pid) else 0
+        mean, scale = _set_moments(heads, pid, n_sets, settings.norm_adv_by_std_in_grpo, settings.group.group_epsilon)
         out = heads - mean[pid]
         return out.div_(scale[pid]) if scale is not None else out
     return heads.clone()
@@ -653,20 +660,24 @@ def _normalize_advantages_(x: torch.Tensor, batch: Batch, settings: AlgorithmSet
     elif mode == "prompt":
         flat = _flat_nonzero(stats_at.reshape(-1))
         row_pid = torch.as_tensor(batch.index, device=x.device)
-        mean, scale = _prompt_moments(x.view(-1)[flat], row_pid[flat // x.shape[1]], batch.index,
-                                      settings.norm_adv_by_std_in_grpo, settings.group.group_epsilon)
+        mean, scale = _set_moments(x.view(-1)[flat], row_pid[flat // x.shape[1]], _n_prompts(batch.index),
+                                   settings.norm_adv_by_std_in_grpo, settings.group.group_epsilon)
         x.sub_(mean[row_pid].unsqueeze(1))
         if scale is not None:
             x.div_(scale[row_pid].unsqueeze(1))
         _fill_where_(x, invalid, 0.0)
 
 
-def _prompt_moments(adv: torch.Tensor, pid: torch.Tensor, index: np.ndarray, norm_by_std: bool,
-                    eps: float) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """Per prompt id, from the advantages ``adv`` (N,) of prompt ids ``pid`` (N,) (``index`` (B,): the batch's ids
-    0..P-1): the mean (P,) and, with ``norm_by_std``, the divisor ``std + eps`` (P,) (Bessel std; a prompt with
-    fewer than 2 advantages gets mean 0 and std 1), else None."""
-    n_prompts = int(index.max()) + 1 if len(index) else 0
+def _n_prompts(index: np.ndarray) -> int:
+    """The number of prompts P of a batch's prompt ids ``index`` (B,), 0..P-1."""
+    return int(index.max()) + 1 if len(index) else 0
+
+
+def _set_moments(adv: torch.Tensor, pid: torch.Tensor, n_prompts: int, norm_by_std: bool,
+                 eps: float) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Per set (a prompt, or a tree node's siblings), from the advantages ``adv`` (N,) of set ids ``pid`` (N,), each
+    in 0..n_prompts-1: the mean (n_prompts,) and, with ``norm_by_std``, the divisor ``std + eps`` (n_prompts,)
+    (Bessel std; a set with fewer than 2 advantages gets mean 0 and std 1), else None."""
     count = torch.bincount(pid, minlength=n_prompts).to(adv.dtype)
     total = torch.zeros(n_prompts, dtype=adv.dtype, device=adv.device).index_add_(0, pid, adv)
     mean = torch.where(count > 1, total / count.clamp(min=1), 0.0)

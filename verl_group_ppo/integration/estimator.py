@@ -28,6 +28,7 @@ class EstimatorInputs:
     old_log_probs: Any = None
     threshold: Optional[float] = None
     endpoints: Any = None
+    parent_nodes: Any = None
     outputs: Any = None
 
 
@@ -37,11 +38,13 @@ _active_inputs: contextvars.ContextVar[Optional[EstimatorInputs]] = contextvars.
 
 @contextlib.contextmanager
 def estimator_inputs(values: Any, old_log_probs: Any = None, threshold: Optional[float] = None,
-                     endpoints: Any = None) -> Iterator[EstimatorInputs]:
-    """Hand ``values`` (B, T) (and old log-probs (B, T), the current threshold, and the groups' endpoints (B, T)
-    bool when they were decided before the advantage step) to :func:`group_ppo_estimator` for calls made inside
-    the ``with`` block; yields the record whose ``outputs`` the estimator fills."""
-    inputs = EstimatorInputs(values=values, old_log_probs=old_log_probs, threshold=threshold, endpoints=endpoints)
+                     endpoints: Any = None, parent_nodes: Any = None) -> Iterator[EstimatorInputs]:
+    """Hand ``values`` (B, T) (and old log-probs (B, T), the current threshold, the groups' endpoints (B, T)
+    bool when they were decided before the advantage step, and the tree's nodes (B, T) for ``adv_norm: parent``) to
+    :func:`group_ppo_estimator` for calls made inside the ``with`` block; yields the record whose ``outputs`` the
+    estimator fills."""
+    inputs = EstimatorInputs(values=values, old_log_probs=old_log_probs, threshold=threshold, endpoints=endpoints,
+                             parent_nodes=parent_nodes)
     token = _active_inputs.set(inputs)
     try:
         yield inputs
@@ -51,8 +54,8 @@ def estimator_inputs(values: Any, old_log_probs: Any = None, threshold: Optional
 
 def values_verl_does_not_pass() -> EstimatorInputs:
     """What verl does not hand a registered estimator (it passes only rewards, mask, config and index): the critic's
-    values, old log-probs, tau and endpoints that the GROUP-PPO trainer put into :func:`estimator_inputs` around verl's
-    advantage step. RuntimeError when no trainer set them."""
+    values, old log-probs, tau, endpoints and tree nodes that the GROUP-PPO trainer put into :func:`estimator_inputs`
+    around verl's advantage step. RuntimeError when no trainer set them."""
     inputs = _active_inputs.get()
     if inputs is None:
         raise RuntimeError(
@@ -63,15 +66,15 @@ def values_verl_does_not_pass() -> EstimatorInputs:
 
 
 def group_ppo_estimator(token_level_rewards, response_mask, config=None, index=None, values=None,
-                        old_log_probs=None, threshold=None, endpoints=None, **kwargs: Any):
+                        old_log_probs=None, threshold=None, endpoints=None, parent_nodes=None, **kwargs: Any):
     """The function registered as ``group_ppo`` (:func:`register_estimator`): verl's estimator convention.
 
     Args:
         token_level_rewards, response_mask: (B, T), as verl passes them.
         config: verl's ``algorithm`` config (read with ``read_algorithm_settings``).
         index: (B,) prompt ids (verl's ``uid``), or None.
-        values, old_log_probs, threshold, endpoints: from :func:`values_verl_does_not_pass` when ``values`` is not
-            given.
+        values, old_log_probs, threshold, endpoints, parent_nodes: from :func:`values_verl_does_not_pass` when
+            ``values`` is not given.
         kwargs: other arguments verl may add (``reward_baselines``), ignored.
 
     Returns:
@@ -85,12 +88,14 @@ def group_ppo_estimator(token_level_rewards, response_mask, config=None, index=N
         old_log_probs = inputs.old_log_probs if old_log_probs is None else old_log_probs
         threshold = inputs.threshold if threshold is None else threshold
         endpoints = inputs.endpoints if endpoints is None else endpoints
+        parent_nodes = inputs.parent_nodes if parent_nodes is None else parent_nodes
     from verl_group_ppo.config import read_algorithm_settings
     from verl_group_ppo.core_algos import compute_group_ppo_outputs
 
     outputs = compute_group_ppo_outputs(token_level_rewards, response_mask, values=values,
                                         settings=read_algorithm_settings(config), index=index,
-                                        old_log_probs=old_log_probs, threshold=threshold, endpoints=endpoints)
+                                        old_log_probs=old_log_probs, threshold=threshold, endpoints=endpoints,
+                                        parent_nodes=parent_nodes)
     if inputs is not None:
         inputs.outputs = outputs
     return outputs.advantages, outputs.returns

@@ -123,7 +123,7 @@ class GroupPPOTrainerMixin:
         boundary = values.boundary_values(self.group_settings, fields, sampler=self._sample_continuations)
         metrics.update(boundary.metrics)
         with estimator_inputs(boundary.values, fields.old_log_probs, threshold=self.group_threshold.value,
-                              endpoints=boundary.endpoints) as inputs:
+                              endpoints=boundary.endpoints, parent_nodes=boundary.parent_nodes) as inputs:
             batch = super()._compute_advantage(batch, metrics)
         outputs: Optional[GroupPPOOutputs] = inputs.outputs
         if outputs is None:

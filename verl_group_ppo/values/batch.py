@@ -68,11 +68,14 @@ class BoundaryValues:
         values: (B, T) float, the values the estimator reads at its group boundaries.
         endpoints: (B, T) bool, the group endpoints (step 2) when the source had to fix the groups before its values
             existed (``mc``); the estimator then uses them as they are. None: the estimator finds the groups.
+        parent_nodes: (B, T) long, the tree node at each position (``prefix_tree`` under ``adv_norm: parent``), which
+            the estimator reads at group starts to normalise sibling segments together; None otherwise.
         metrics: the source's own ``group/*`` scalars (``mc``: ``group/mc_responses``, ``group/mc_tokens``).
     """
 
     values: torch.Tensor
     endpoints: Optional[torch.Tensor] = None
+    parent_nodes: Optional[torch.Tensor] = None
     metrics: dict[str, float] = field(default_factory=dict)
 
 

@@ -38,20 +38,23 @@ from verl_group_ppo.core_algos import IndexLike
 from verl_group_ppo.estimator.checks import describe
 from verl_group_ppo.values.batch import BatchFields, BoundaryValues, prompt_rows
 
-__all__ = ["branch_endpoints", "prefix_tree_source", "prefix_tree_values", "shared_prefix_lengths"]
+__all__ = ["branch_endpoints", "parent_nodes", "prefix_tree_source", "prefix_tree_values", "shared_prefix_lengths"]
 
 
-def prefix_tree_source(fields: BatchFields, boundary_rule: str = "fixed") -> BoundaryValues:
+def prefix_tree_source(fields: BatchFields, boundary_rule: str = "fixed", adv_norm: str = "batch") -> BoundaryValues:
     """The prefix tree's values for a batch (reads ``responses``, ``reply_lengths``, ``scores`` and ``uid``); the
     estimator finds the groups, except under ``boundary_rule: tree``, where they end at the rows' branch points
-    (:func:`branch_endpoints`, handed on as ``endpoints``)."""
+    (:func:`branch_endpoints`, handed on as ``endpoints``); under ``adv_norm: parent`` also each position's tree
+    node (:func:`parent_nodes`)."""
     exists = fields.reply_positions("prefix_tree")
     responses = fields.require("responses", "prefix_tree")
     uid = fields.require("uid", "prefix_tree")
     values = prefix_tree_values(responses, exists, fields.require("scores", "prefix_tree"), uid)
     if boundary_rule != "tree":
         return BoundaryValues(values=values)
-    return BoundaryValues(values=values, endpoints=branch_endpoints(responses, exists, fields.response_mask, uid))
+    nodes = parent_nodes(responses, exists, uid) if adv_norm == "parent" else None
+    return BoundaryValues(values=values, endpoints=branch_endpoints(responses, exists, fields.response_mask, uid),
+                          parent_nodes=nodes)
 
 
 def shared_prefix_lengths(response_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -102,6 +105,36 @@ def prefix_tree_values(response_ids: torch.Tensor, attention_mask: torch.Tensor,
         total = torch.einsum("bjt,j->bt", member, scores[rows].to(dtype))
         values[rows] = total / member.sum(dim=1)
     return values
+
+
+def parent_nodes(response_ids: torch.Tensor, attention_mask: torch.Tensor, index: IndexLike) -> torch.Tensor:
+    """The node of the prefix tree at every position (``adv_norm: parent``): ``N[b, t]`` names the set of replies of
+    b's prompt that share b's first t positions (:func:`shared_prefix_lengths` >= t), as ``j * T + t`` with j the
+    first row of that set. A group that starts at t hangs from that node, so groups that start at the same node
+    (a parent's continuation and the branches from it, over a tree rollout) get the same id and are normalised
+    together; at t = 0 every reply of a prompt shares the empty prefix, so the first groups are normalised per
+    prompt.
+
+    Args:
+        response_ids: (B, T) token ids.
+        attention_mask: (B, T) 0/1, 1 at the positions each reply has.
+        index: (B,) prompt ids (verl's ``uid``).
+
+    Returns:
+        (B, T) long, in [0, B * T).
+    """
+    B, T = response_ids.shape
+    if not isinstance(attention_mask, torch.Tensor) or attention_mask.shape != (B, T):
+        raise ValueError(f"attention_mask must have the shape of response_ids {(B, T)}, got {describe(attention_mask)}")
+    nodes = torch.empty((B, T), dtype=torch.long, device=response_ids.device)
+    positions = torch.arange(T, device=response_ids.device)
+    for rows in prompt_rows(index, B):
+        rows = rows.to(response_ids.device)
+        shared = shared_prefix_lengths(response_ids[rows], attention_mask[rows])  # (n, n)
+        member = shared[:, :, None] >= positions  # (n, n, T); b is a member of its own set
+        first = member.int().argmax(dim=1)  # (n, T): the first member of each set
+        nodes[rows] = rows[first] * T + positions
+    return nodes
 
 
 def branch_endpoints(response_ids: torch.Tensor, attention_mask: torch.Tensor, response_mask: torch.Tensor,

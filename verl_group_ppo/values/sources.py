@@ -50,7 +50,7 @@ def boundary_values(settings: AlgorithmSettings, fields: BatchFields, *,
     if source == "critic":
         return BoundaryValues(values=fields.require("values", source))
     if source == "prefix_tree":
-        return prefix_tree_source(fields, settings.group.boundary_rule)
+        return prefix_tree_source(fields, settings.group.boundary_rule, settings.group.adv_norm)
     if source == "mc":
         if sampler is None:
             raise ValueError("sampler is required by value_source='mc' (the run's rollout samples its continuations)")
