@@ -81,6 +81,41 @@ def test_prefix_tree_values_reach_the_estimator_and_no_critic_field_is_stored(ra
     assert handed_endpoints == [None]  # the estimator finds the groups
 
 
+def test_tree_nodes_reach_the_estimator_under_parent_normalisation(ray_tq, handed_endpoints):
+    """boundary_rule tree + adv_norm parent: the trainer hands the estimator the branch endpoints and the tree's
+    nodes, both found from the stored tokens, and stores what the estimator gives for them."""
+    from verl_group_ppo.values.prefix_tree import branch_endpoints, parent_nodes
+
+    trainer = U.make_trainer([*PREFIX_TREE, "++algorithm.group_params.boundary_rule=tree",
+                              "++algorithm.group_params.adv_norm=parent",
+                              "actor_rollout_ref.rollout.agent.default_agent_loop=tree_single_turn"])
+    samples = shared_prefix_samples(seed=1)  # independent replies over 3 tokens: they share prefixes as a tree does
+    for sample in samples:
+        sample["response_mask"] = torch.ones_like(sample["response_mask"])  # single-turn: no holes
+        sample["extra_fields"] = {"tree_parent": -1, "tree_branch_position": 0, "tree_level": 0,
+                                  "tree_generated_tokens": len(sample["responses"]), "tree_generate_s": 0.1}
+    meta = U.put_samples(samples)
+    out = trainer._compute_advantage(meta, {})
+    stored = U.get_padded(out, ["responses", "response_mask", "rm_scores", "advantages"])
+    uids = uids_of(out)
+    exists = stored["response_mask"]  # no holes: a reply's positions are its trained ones
+    ends = branch_endpoints(stored["responses"], exists, stored["response_mask"], uids)
+    assert handed_endpoints and torch.equal(handed_endpoints[0], ends)
+    nodes = parent_nodes(stored["responses"], exists, uids)
+    scores = stored["rm_scores"].sum(dim=1)
+    values = torch.tensor(loop_prefix_tree_values(stored["responses"].tolist(), exists.tolist(), scores.tolist(), uids))
+    want = compute_group_ppo_outputs(stored["rm_scores"], stored["response_mask"], values=values.float(),
+                                     index=np.array(uids, dtype=object),
+                                     settings=read_algorithm_settings(trainer.config.algorithm), endpoints=ends,
+                                     parent_nodes=nodes, threshold=1.0)
+    assert torch.allclose(stored["advantages"], want.advantages, atol=1e-6)
+    plain = compute_group_ppo_outputs(stored["rm_scores"], stored["response_mask"], values=values.float(),
+                                      index=np.array(uids, dtype=object), endpoints=ends, threshold=1.0,
+                                      settings=read_algorithm_settings({"group_params": {
+                                          "value_source": "prefix_tree", "boundary_rule": "tree"}}))
+    assert not torch.allclose(want.advantages, plain.advantages)  # parent is not the batch whitening
+
+
 class FakeClient:
     """verl's ``LLMServerClient.generate`` stand-in: each request answers ``[7] * (1 + len(prompt) % 3)``, capped at
     the request's ``max_tokens``; records the requests and how many were in flight together."""

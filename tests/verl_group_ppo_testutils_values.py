@@ -20,9 +20,10 @@ def handed_endpoints(monkeypatch) -> list:
     handed: list = []
 
     @contextlib.contextmanager
-    def recording(values, old_log_probs=None, threshold=None, endpoints=None):
+    def recording(values, old_log_probs=None, threshold=None, endpoints=None, parent_nodes=None):
         handed.append(endpoints)
-        with real(values, old_log_probs, threshold=threshold, endpoints=endpoints) as inputs:
+        with real(values, old_log_probs, threshold=threshold, endpoints=endpoints,
+                  parent_nodes=parent_nodes) as inputs:
             yield inputs
         if endpoints is not None and inputs.outputs is not None:
             assert torch.equal(inputs.outputs.endpoint_mask, endpoints.bool()), "the estimator regrouped the batch"
