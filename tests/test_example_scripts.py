@@ -672,7 +672,7 @@ def test_tree_recipe_composes_with_verl_config_and_passes_the_tree_start_up_chec
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("spec_name", ["bench_validation", "first_comparison", "tree_comparison"])
+@pytest.mark.parametrize("spec_name", ["bench_validation", "first_comparison", "tree_comparison", "tree_settings"])
 def test_the_benchs_arms_compose_with_verls_config_and_pass_the_start_up_checks(spec_name, tiny_model, tmp_path):
     """Every arm of the bench's specs, as the comparison engine launches it (benchmarks/compare.py), through the CPU
     launcher with a stub interpreter: its main_ppo overrides compose with verl's config and pass the checks
@@ -702,4 +702,9 @@ def test_the_benchs_arms_compose_with_verls_config_and_pass_the_start_up_checks(
         if env.get("ROLLOUT") == "tree":
             assert cfg.actor_rollout_ref.rollout.n == 8 and cfg.tree_rollout.roots == 2, arm
             assert list(cfg.tree_rollout.branching) == [2, 2] and cfg.tree_rollout.segment_tokens == 4, arm
+            assert cfg.tree_rollout.get("shared_prefix", "once") == ("per_leaf" if arm == "tree_per_leaf" else "once")
+            if "group_params" in cfg.algorithm:
+                assert cfg.algorithm.group_params.boundary_rule == "tree", arm
+                assert cfg.algorithm.group_params.get("adv_norm", "batch") == (
+                    "parent" if arm == "tree_parent" else "batch"), arm
         assert critic == (arm in ("group_ppo", "gae")), arm
