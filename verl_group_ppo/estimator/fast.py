@@ -673,13 +673,13 @@ def _n_prompts(index: np.ndarray) -> int:
     return int(index.max()) + 1 if len(index) else 0
 
 
-def _set_moments(adv: torch.Tensor, pid: torch.Tensor, n_prompts: int, norm_by_std: bool,
+def _set_moments(adv: torch.Tensor, pid: torch.Tensor, n_sets: int, norm_by_std: bool,
                  eps: float) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Per set (a prompt, or a tree node's siblings), from the advantages ``adv`` (N,) of set ids ``pid`` (N,), each
-    in 0..n_prompts-1: the mean (n_prompts,) and, with ``norm_by_std``, the divisor ``std + eps`` (n_prompts,)
+    in 0..n_sets-1: the mean (n_sets,) and, with ``norm_by_std``, the divisor ``std + eps`` (n_sets,)
     (Bessel std; a set with fewer than 2 advantages gets mean 0 and std 1), else None."""
-    count = torch.bincount(pid, minlength=n_prompts).to(adv.dtype)
-    total = torch.zeros(n_prompts, dtype=adv.dtype, device=adv.device).index_add_(0, pid, adv)
+    count = torch.bincount(pid, minlength=n_sets).to(adv.dtype)
+    total = torch.zeros(n_sets, dtype=adv.dtype, device=adv.device).index_add_(0, pid, adv)
     mean = torch.where(count > 1, total / count.clamp(min=1), 0.0)
     if not norm_by_std:
         return mean, None
