@@ -62,7 +62,8 @@ def fake_record(spec, arm, seed, runs_dir, gain=0.0, status="ok"):
 
 def test_committed_specs_load_and_are_listed():
     names = [name for name, _ in compare.list_specs()]
-    assert {"arith", "tiny_value_sources", "twoway", "bench_validation", "first_comparison", "tree_comparison"} <= set(names)
+    assert {"arith", "tiny_value_sources", "twoway", "bench_validation", "first_comparison", "tree_comparison",
+            "tree_settings"} <= set(names)
     arith = compare.load_spec(compare.spec_path("arith"))
     assert arith.runs()[0] == ("start", 0)  # the shared validation before training runs first
     assert arith.runs()[1:5] == [("group_ppo", 0), ("gae", 0), ("grpo", 0), ("group_ppo_prefix_tree", 0)]
@@ -214,7 +215,7 @@ def test_an_arms_seed_offset_shifts_the_seed_its_runs_get_but_not_its_pairing():
 
 def test_the_pre_registered_specs_run_the_validated_regime():
     regime = compare.load_spec(compare.spec_path("bench_validation"))
-    for name in ("first_comparison", "tree_comparison"):
+    for name in ("first_comparison", "tree_comparison", "tree_settings"):
         spec = compare.load_spec(compare.spec_path(name))
         assert (spec.steps, spec.env, spec.metrics["held-out, end"]) == (
             regime.steps, regime.env, regime.metrics["held-out, end"])
@@ -222,3 +223,9 @@ def test_the_pre_registered_specs_run_the_validated_regime():
     tree = compare.load_spec(compare.spec_path("tree_comparison"))
     assert tree.arms["tree_group_ppo"].env == {"ROLLOUT": "tree", "VALUE_SOURCE": "prefix_tree"}
     assert "actor_rollout_ref.rollout.n=8" in tree.arms["tree_grpo"].overrides
+    settings = compare.load_spec(compare.spec_path("tree_settings"))  # each setting apart from the defaults' arm
+    base = settings.arms["tree_group_ppo"]
+    assert (base.env, base.overrides) == (tree.arms["tree_group_ppo"].env, tree.arms["tree_group_ppo"].overrides)
+    for arm, extra in (("tree_parent", "++algorithm.group_params.adv_norm=parent"),
+                       ("tree_per_leaf", "++tree_rollout.shared_prefix=per_leaf")):
+        assert settings.arms[arm].env == base.env and list(settings.arms[arm].overrides) == [*base.overrides, extra]
