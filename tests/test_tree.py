@@ -471,3 +471,16 @@ def test_the_worked_example_of_algorithm_md(shared_prefix):
     generated = torch.tensor([len(r) - q for r, q in zip(replies, copied)])
     assert tree_token_counts(exists.sum(dim=1), generated) == {"group/tree_generated_tokens": 12.0,
                                                                 "group/tree_path_tokens": 16.0}
+    if shared_prefix == "once":  # adv_norm parent: the example's last table, siblings 0.25 / -0.25, 0.5 / -0.5, 0 / 0
+        parent = AlgorithmSettings(gamma=1.0, lam=1.0, group=GroupParams(
+            value_source="prefix_tree", boundary_rule="tree", policy_lam=0.0, adv_norm="parent"))
+        fields = BatchFields(response_mask=mask, reply_lengths=exists.sum(dim=1), responses=ids, scores=scores, uid=uid)
+        bv = boundary_values(parent, fields)
+        normed = compute_group_ppo_outputs(rewards, mask.float(), values=bv.values, settings=parent, index=uid,
+                                           endpoints=bv.endpoints, parent_nodes=bv.parent_nodes)
+        eps = GroupParams().group_epsilon
+        r1, r2 = 0.25 / (0.125 ** 0.5 + eps), 0.5 / (0.5 ** 0.5 + eps)  # A / (Bessel std + eps): about 0.71 each
+        table = [[r1] * 3 + [r2] * 2, [None] * 3 + [-r2] * 2, [-r1, 0.0], [None, 0.0, 0.0, 0.0]]
+        for row, expected in enumerate(table):
+            got = [float(normed.advantages[row, t]) if mask[row, t] else None for t in range(len(expected))]
+            assert got == pytest.approx(expected, abs=1e-6), row
