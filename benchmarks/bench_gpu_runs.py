@@ -6,14 +6,14 @@ node").
 
 Each run is ``DEVICE=cuda NCCL_DEBUG=INFO PREPARE=0 [VAR=VALUE ...] bash examples/cpu/run_<TASK>_<ESTIMATOR>.sh
 trainer.total_training_steps=STEPS [OVERRIDES]`` (``VAR=VALUE``: the launcher's own variables, e.g.
-``ROLLOUT=tree,VALUE_SOURCE=prefix_tree``) (``--override``: Hydra overrides for one task's runs) on a task
-directory that is already prepared (``--work-dir TASK=DIR``, default
-the launcher's), with the hf rollout and sdpa attention (no vLLM, no flash-attn). For every run it writes
-``DIR/<TASK>-<ESTIMATOR>[-<VALUE>...].json``: the command (paths relative to the repository), the versions (Python, torch, CUDA,
-GPU, transformers, verl, ray), the exit status and wall time, whether the model held random weights (a timing-only
-run: ``python -m verl_group_ppo.tasks.maths.checkpoint random-weights``), the NCCL communicator lines, and verl's
-per-step metrics (``critic/score/mean``, ``timing_s/*``, ...) with the mean breakdown over the steps after the first;
-and the console log, compressed, beside it. Runs are independent: one that fails or outlasts ``--timeout-s`` is
+``ROLLOUT=tree,VALUE_SOURCE=prefix_tree``; ``--override``: Hydra overrides for one task's runs) on a task directory
+that is already prepared (``--work-dir TASK=DIR``, default the launcher's), with the hf rollout and sdpa attention
+(no vLLM, no flash-attn). For every run it writes ``DIR/<TASK>-<ESTIMATOR>[-<VALUE>...].json``: the command (paths
+relative to the repository), the versions (Python, torch, CUDA, GPU, transformers, verl, ray), the exit status and
+wall time, whether the model held random weights (a timing-only run: ``python -m
+verl_group_ppo.tasks.maths.checkpoint random-weights``), the NCCL communicator lines, and verl's per-step metrics
+(``critic/score/mean``, ``timing_s/*``, ...) with the mean breakdown over the steps after the first; and the console
+log, compressed, beside it. Runs are independent: one that fails or outlasts ``--timeout-s`` is
 recorded with its exit status and the next one starts. ``--report DIR`` prints the records as tables.
 """
 
