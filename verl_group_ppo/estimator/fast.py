@@ -626,17 +626,21 @@ def _normalized_heads(heads: torch.Tensor, groups: Groups, batch: Batch, setting
         var = _dot(tokens, x * x) / (n + 1e-8) * (n / (n - 1))
         return x.mul_(1.0 / math.sqrt(var + 1e-8)).to(heads.dtype)
     if mode in ("prompt", "parent"):
-        if mode == "prompt":
-            pid = torch.as_tensor(batch.index, device=heads.device)[groups.slots // batch.valid.shape[1]]
-            n_sets = _n_prompts(batch.index)
-        else:  # the siblings of a tree node: the groups whose first token names it
-            nodes = gather_flat(batch.parent_nodes.view(-1), groups.slots)
-            _, pid = torch.unique(nodes, return_inverse=True)
-            n_sets = int(pid.max()) + 1 if len(pid) else 0
+        pid, n_sets = _group_sets(groups, batch, mode, heads.device)
         mean, scale = _set_moments(heads, pid, n_sets, settings.norm_adv_by_std_in_grpo, settings.group.group_epsilon)
         out = heads - mean[pid]
         return out.div_(scale[pid]) if scale is not None else out
     return heads.clone()
+
+
+def _group_sets(groups: Groups, batch: Batch, mode: str, device: torch.device) -> tuple[torch.Tensor, int]:
+    """The set each group is normalised in, (G,) long in 0..S-1, and S: ``prompt``, its row's prompt id; ``parent``,
+    its tree node (``batch.parent_nodes`` at its first token), so the groups hanging from one node are siblings."""
+    if mode == "prompt":
+        pid = torch.as_tensor(batch.index, device=device)[groups.slots // batch.valid.shape[1]]
+        return pid, _n_prompts(batch.index)
+    _, pid = torch.unique(gather_flat(batch.parent_nodes.view(-1), groups.slots), return_inverse=True)
+    return pid, int(pid.max()) + 1 if len(pid) else 0
 
 
 def _normalize_advantages_(x: torch.Tensor, batch: Batch, settings: AlgorithmSettings,
