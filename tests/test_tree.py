@@ -364,6 +364,24 @@ def test_parent_normalisation_scales_each_segment_with_its_siblings(seed, shared
     assert torch.all(normed.advantages[mask == 0] == 0)
 
 
+def test_the_prefix_tree_source_compares_each_prompts_replies_once(monkeypatch):
+    """Under boundary_rule 'tree' and adv_norm 'parent' the values, the endpoints and the nodes all read one
+    comparison of each prompt's replies, and equal what each function gives on its own."""
+    from verl_group_ppo.values import prefix_tree
+
+    replies, uids, ids, exists, mask, scores, rewards = _tree_batch(0, "once")
+    fields = BatchFields(response_mask=mask, reply_lengths=exists.sum(dim=1), responses=ids, scores=scores, uid=uids)
+    alone = (prefix_tree.prefix_tree_values(ids, exists, scores, uids),
+             prefix_tree.branch_endpoints(ids, exists, mask, uids), prefix_tree.parent_nodes(ids, exists, uids))
+    calls = []
+    counted = prefix_tree.shared_prefix_lengths
+    monkeypatch.setattr(prefix_tree, "shared_prefix_lengths", lambda *a: calls.append(1) or counted(*a))
+    bv = prefix_tree.prefix_tree_source(fields, boundary_rule="tree", adv_norm="parent")
+    assert len(calls) == len(set(uids))
+    assert torch.equal(bv.values, alone[0]) and torch.equal(bv.endpoints, alone[1])
+    assert torch.equal(bv.parent_nodes, alone[2])
+
+
 def test_parent_nodes_name_the_rows_that_share_a_prefix():
     from verl_group_ppo.values.prefix_tree import parent_nodes
     ids, exists = _rows([[1, 2, 3], [1, 2, 4], [1, 5, 6], [7, 8, 9]], 3)

@@ -32,13 +32,16 @@ before that, so the segment boundary follows the tokens.
 
 from __future__ import annotations
 
+from typing import NamedTuple, Optional, Sequence
+
 import torch
 
 from verl_group_ppo.core_algos import IndexLike
 from verl_group_ppo.estimator.checks import describe
 from verl_group_ppo.values.batch import BatchFields, BoundaryValues, prompt_rows
 
-__all__ = ["branch_endpoints", "parent_nodes", "prefix_tree_source", "prefix_tree_values", "shared_prefix_lengths"]
+__all__ = ["PromptPrefixes", "branch_endpoints", "parent_nodes", "prefix_tree_source", "prefix_tree_values",
+           "prompt_prefixes", "shared_prefix_lengths"]
 
 
 def prefix_tree_source(fields: BatchFields, boundary_rule: str = "fixed", adv_norm: str = "batch") -> BoundaryValues:
@@ -49,12 +52,28 @@ def prefix_tree_source(fields: BatchFields, boundary_rule: str = "fixed", adv_no
     exists = fields.reply_positions("prefix_tree")
     responses = fields.require("responses", "prefix_tree")
     uid = fields.require("uid", "prefix_tree")
-    values = prefix_tree_values(responses, exists, fields.require("scores", "prefix_tree"), uid)
+    prefixes = prompt_prefixes(responses, exists, uid)  # computed once, read by the three below
+    values = prefix_tree_values(responses, exists, fields.require("scores", "prefix_tree"), uid, prefixes=prefixes)
     if boundary_rule != "tree":
         return BoundaryValues(values=values)
-    nodes = parent_nodes(responses, exists, uid) if adv_norm == "parent" else None
-    return BoundaryValues(values=values, endpoints=branch_endpoints(responses, exists, fields.response_mask, uid),
-                          parent_nodes=nodes)
+    nodes = parent_nodes(responses, exists, uid, prefixes=prefixes) if adv_norm == "parent" else None
+    endpoints = branch_endpoints(responses, exists, fields.response_mask, uid, prefixes=prefixes)
+    return BoundaryValues(values=values, endpoints=endpoints, parent_nodes=nodes)
+
+
+class PromptPrefixes(NamedTuple):
+    """One prompt's replies and how far each pair of them agrees."""
+
+    rows: torch.Tensor  # (n,) long: the prompt's rows in the batch, ascending
+    shared: torch.Tensor  # (n, n) long: shared_prefix_lengths of those rows
+
+
+def prompt_prefixes(response_ids: torch.Tensor, attention_mask: torch.Tensor, index: IndexLike) -> list[PromptPrefixes]:
+    """:func:`shared_prefix_lengths` of every prompt's replies (``response_ids`` and ``attention_mask`` (B, T),
+    ``index`` (B,) prompt ids), one entry per prompt in the order of :func:`prompt_rows`."""
+    _check_replies(response_ids, attention_mask)
+    rows_of = prompt_rows(index, response_ids.shape[0])
+    return [PromptPrefixes(rows, shared_prefix_lengths(response_ids[rows], attention_mask[rows])) for rows in rows_of]
 
 
 def shared_prefix_lengths(response_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -77,7 +96,7 @@ def shared_prefix_lengths(response_ids: torch.Tensor, attention_mask: torch.Tens
 
 
 def prefix_tree_values(response_ids: torch.Tensor, attention_mask: torch.Tensor, scores: torch.Tensor,
-                       index: IndexLike) -> torch.Tensor:
+                       index: IndexLike, prefixes: Optional[Sequence[PromptPrefixes]] = None) -> torch.Tensor:
     """The prefix tree's value before every response position (module docstring).
 
     ``V[b, t]`` = mean of ``scores[j]`` over the replies j with ``index[j] == index[b]`` whose first t positions
@@ -88,26 +107,26 @@ def prefix_tree_values(response_ids: torch.Tensor, attention_mask: torch.Tensor,
         attention_mask: (B, T) 0/1, the response part of verl's attention mask.
         scores: (B,) float, each reply's reward (the sum of its token-level rewards).
         index: (B,) prompt ids (verl's ``uid``: str or int).
+        prefixes: :func:`prompt_prefixes` of these inputs, when the caller has them; None computes them.
 
     Returns:
         (B, T) values in ``scores``' dtype (float32 when it is not floating); callers read them at valid
         positions only.
     """
     _check_shapes(response_ids, attention_mask, scores)
-    groups = prompt_rows(index, response_ids.shape[0])
     B, T = response_ids.shape
     dtype = scores.dtype if scores.is_floating_point() else torch.float32
     values = torch.empty((B, T), dtype=dtype, device=scores.device)
     positions = torch.arange(T, device=response_ids.device)
-    for rows in groups:
-        shared = shared_prefix_lengths(response_ids[rows], attention_mask[rows])  # (n, n)
+    for rows, shared in prefixes or prompt_prefixes(response_ids, attention_mask, index):
         member = (shared[:, :, None] >= positions).to(dtype)  # (n, n, T): j shares b's first t positions
         total = torch.einsum("bjt,j->bt", member, scores[rows].to(dtype))
         values[rows] = total / member.sum(dim=1)
     return values
 
 
-def parent_nodes(response_ids: torch.Tensor, attention_mask: torch.Tensor, index: IndexLike) -> torch.Tensor:
+def parent_nodes(response_ids: torch.Tensor, attention_mask: torch.Tensor, index: IndexLike,
+                 prefixes: Optional[Sequence[PromptPrefixes]] = None) -> torch.Tensor:
     """The node of the prefix tree at every position (``adv_norm: parent``): ``N[b, t]`` names the set of replies of
     b's prompt that share b's first t positions (:func:`shared_prefix_lengths` >= t), as ``j * T + t`` with j the
     first row of that set. A group that starts at t hangs from that node, so groups that start at the same node
@@ -119,6 +138,7 @@ def parent_nodes(response_ids: torch.Tensor, attention_mask: torch.Tensor, index
         response_ids: (B, T) token ids.
         attention_mask: (B, T) 0/1, 1 at the positions each reply has.
         index: (B,) prompt ids (verl's ``uid``).
+        prefixes: :func:`prompt_prefixes` of these inputs, when the caller has them; None computes them.
 
     Returns:
         (B, T) long, in [0, B * T).
@@ -128,9 +148,8 @@ def parent_nodes(response_ids: torch.Tensor, attention_mask: torch.Tensor, index
         raise ValueError(f"attention_mask must have the shape of response_ids {(B, T)}, got {describe(attention_mask)}")
     nodes = torch.empty((B, T), dtype=torch.long, device=response_ids.device)
     positions = torch.arange(T, device=response_ids.device)
-    for rows in prompt_rows(index, B):
+    for rows, shared in prefixes or prompt_prefixes(response_ids, attention_mask, index):
         rows = rows.to(response_ids.device)
-        shared = shared_prefix_lengths(response_ids[rows], attention_mask[rows])  # (n, n)
         member = shared[:, :, None] >= positions  # (n, n, T); b is a member of its own set
         first = member.int().argmax(dim=1)  # (n, T): the first member of each set
         nodes[rows] = rows[first] * T + positions
@@ -138,7 +157,7 @@ def parent_nodes(response_ids: torch.Tensor, attention_mask: torch.Tensor, index
 
 
 def branch_endpoints(response_ids: torch.Tensor, attention_mask: torch.Tensor, response_mask: torch.Tensor,
-                   index: IndexLike) -> torch.Tensor:
+                     index: IndexLike, prefixes: Optional[Sequence[PromptPrefixes]] = None) -> torch.Tensor:
     """Group endpoints at the branch points of each row (``boundary_rule: tree``): a group ends right before every
     position ``t`` where another reply of the row's prompt parts from it (``0 < t < len``, from
     :func:`shared_prefix_lengths`) and at the row's last trained position. Over a tree rollout these are the
@@ -150,6 +169,7 @@ def branch_endpoints(response_ids: torch.Tensor, attention_mask: torch.Tensor, r
         attention_mask: (B, T) 0/1, 1 at the positions each reply has.
         response_mask: (B, T) 0/1, the trained positions (0 on a copied prefix with ``shared_prefix: once``).
         index: (B,) prompt ids (verl's ``uid``).
+        prefixes: :func:`prompt_prefixes` of these inputs, when the caller has them; None computes them.
 
     Returns:
         (B, T) bool: True at ``t - 1`` for every branch point ``t`` of the row and at its last trained position,
@@ -161,8 +181,7 @@ def branch_endpoints(response_ids: torch.Tensor, attention_mask: torch.Tensor, r
                          f"{tuple(attention_mask.shape)} and {tuple(response_mask.shape)}")
     ends = torch.zeros((B, T), dtype=torch.bool, device=response_ids.device)
     lengths = attention_mask.long().sum(dim=1)
-    for rows in prompt_rows(index, B):
-        shared = shared_prefix_lengths(response_ids[rows], attention_mask[rows])  # (n, n)
+    for rows, shared in prefixes or prompt_prefixes(response_ids, attention_mask, index):
         for k, b in enumerate(rows.tolist()):
             for t in shared[k].tolist():
                 if 0 < t < int(lengths[b]):
@@ -175,10 +194,14 @@ def branch_endpoints(response_ids: torch.Tensor, attention_mask: torch.Tensor, r
 
 
 def _check_shapes(response_ids: torch.Tensor, attention_mask: torch.Tensor, scores: torch.Tensor) -> None:
+    _check_replies(response_ids, attention_mask)
+    if not isinstance(scores, torch.Tensor) or scores.shape != response_ids.shape[:1]:
+        raise ValueError(f"scores must have shape ({response_ids.shape[0]},), got {describe(scores)}")
+
+
+def _check_replies(response_ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
     if not isinstance(response_ids, torch.Tensor) or response_ids.dim() != 2:
         raise ValueError(f"response_ids must be a (B, T) tensor, got {describe(response_ids)}")
     if not isinstance(attention_mask, torch.Tensor) or attention_mask.shape != response_ids.shape:
         raise ValueError(f"attention_mask must have the shape of response_ids {tuple(response_ids.shape)}, "
                          f"got {describe(attention_mask)}")
-    if not isinstance(scores, torch.Tensor) or scores.shape != response_ids.shape[:1]:
-        raise ValueError(f"scores must have shape ({response_ids.shape[0]},), got {describe(scores)}")
