@@ -431,27 +431,8 @@ def _validated(token_level_rewards: Any, response_mask: Any, values: Any, settin
     if endpoints is None and settings.group.boundary_rule == "tree":
         raise ValueError("endpoints is required by boundary_rule='tree' (the tree's branch points, which the "
                          "prefix_tree value source finds: verl_group_ppo.values.boundary_values)")
-    batch = prepare(token_level_rewards, response_mask, values, index, old_log_probs, settings.group)
-    batch.parent_nodes = _checked_parent_nodes(parent_nodes, batch.valid, settings.group.adv_norm)
+    batch = prepare(token_level_rewards, response_mask, values, index, old_log_probs, settings.group, parent_nodes)
     return batch, _resolve_threshold(threshold, settings.group), _policy_lambda(batch, settings)
-
-
-def _checked_parent_nodes(parent_nodes: Any, valid: torch.Tensor, adv_norm: str) -> Optional[torch.Tensor]:
-    """``parent_nodes`` (B, T) integer on ``valid``'s device under ``adv_norm='parent'``, None otherwise; a ValueError
-    names it when it is missing, misshapen, not integer, or given to another normalisation."""
-    if adv_norm != "parent":
-        if parent_nodes is not None:
-            raise ValueError(f"parent_nodes is read only by adv_norm='parent', and adv_norm={adv_norm!r}")
-        return None
-    if parent_nodes is None:
-        raise ValueError("parent_nodes is required by adv_norm='parent' (the tree node each group hangs from, which "
-                         "the prefix_tree value source finds: verl_group_ppo.values.boundary_values)")
-    shape = tuple(valid.shape)
-    if (not isinstance(parent_nodes, torch.Tensor) or tuple(parent_nodes.shape) != shape
-            or parent_nodes.dtype.is_floating_point or parent_nodes.dtype == torch.bool):
-        raise ValueError(f"parent_nodes must be an integer (B, T) tensor of the shape of response_mask {shape}, "
-                         f"got {describe(parent_nodes)}")
-    return parent_nodes.to(device=valid.device, dtype=torch.long)
 
 
 def _resolve_threshold(threshold: Optional[float], params: GroupParams) -> float:

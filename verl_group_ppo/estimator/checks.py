@@ -5,12 +5,13 @@ Conventions as in :mod:`verl_group_ppo.core_algos`: tensors (B, T), masks 0/1.
 
 from __future__ import annotations
 
-from typing import Any, Sequence, Union
+from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 import torch
 
-__all__ = ["IndexLike", "check_finite_at_valid", "check_float", "check_mask", "describe", "prompt_ids"]
+__all__ = ["IndexLike", "check_finite_at_valid", "check_float", "check_mask", "check_parent_nodes", "describe",
+           "prompt_ids"]
 
 IndexLike = Union[np.ndarray, Sequence[Any], torch.Tensor]
 
@@ -66,3 +67,21 @@ def describe(x: Any) -> str:
     if isinstance(x, torch.Tensor):
         return f"tensor of shape {tuple(x.shape)} and dtype {x.dtype}"
     return type(x).__name__
+
+
+def check_parent_nodes(parent_nodes: Any, valid: torch.Tensor, adv_norm: str) -> Optional[torch.Tensor]:
+    """``parent_nodes`` (B, T) integer on ``valid``'s device under ``adv_norm='parent'``, None otherwise; a ValueError
+    names it when it is missing, misshapen, not integer, or given to another normalisation."""
+    if adv_norm != "parent":
+        if parent_nodes is not None:
+            raise ValueError(f"parent_nodes is read only by adv_norm='parent', and adv_norm={adv_norm!r}")
+        return None
+    if parent_nodes is None:
+        raise ValueError("parent_nodes is required by adv_norm='parent' (the tree node each group hangs from, which "
+                         "the prefix_tree value source finds: verl_group_ppo.values.boundary_values)")
+    shape = tuple(valid.shape)
+    if (not isinstance(parent_nodes, torch.Tensor) or tuple(parent_nodes.shape) != shape
+            or parent_nodes.dtype.is_floating_point or parent_nodes.dtype == torch.bool):
+        raise ValueError(f"parent_nodes must be an integer (B, T) tensor of the shape of response_mask {shape}, "
+                         f"got {describe(parent_nodes)}")
+    return parent_nodes.to(device=valid.device, dtype=torch.long)

@@ -39,7 +39,8 @@ import numpy as np
 import torch
 
 from verl_group_ppo.config import AlgorithmSettings, GroupParams
-from verl_group_ppo.estimator.checks import check_finite_at_valid, check_float, check_mask, prompt_ids
+from verl_group_ppo.estimator.checks import (check_finite_at_valid, check_float, check_mask, check_parent_nodes,
+                                             prompt_ids)
 from verl_group_ppo.metrics import sum_of_squares
 
 
@@ -156,8 +157,9 @@ def run_steps(batch: Batch, settings: AlgorithmSettings, tau: float, lam: Union[
     return Steps(groups, policy.x, returns)
 
 
-def prepare(rewards, response_mask, values, index, old_log_probs, params: GroupParams) -> Batch:
-    """Validate the inputs' types and shapes and bring them to the compute dtype."""
+def prepare(rewards, response_mask, values, index, old_log_probs, params: GroupParams, parent_nodes=None) -> Batch:
+    """Validate the inputs' types and shapes and bring them to the compute dtype (``parent_nodes``: read under
+    ``adv_norm='parent'`` only, :func:`~verl_group_ppo.estimator.checks.check_parent_nodes`)."""
     if values is None:
         raise ValueError("values is required by group_ppo: the critic's values (B, T) for every response token")
     valid = check_mask(response_mask, "response_mask").contiguous()
@@ -179,8 +181,9 @@ def prepare(rewards, response_mask, values, index, old_log_probs, params: GroupP
         ids = prompt_ids(index, shape[0])
     elif params.adv_norm == "prompt":
         raise ValueError("index (the prompt uid of each response) is required by adv_norm='prompt'")
+    nodes = check_parent_nodes(parent_nodes, valid, params.adv_norm)
     return Batch(valid, invalid, rewards.to(dtype).contiguous(), values.to(dtype).contiguous(), old, ids,
-                 int(torch.count_nonzero(valid)))
+                 int(torch.count_nonzero(valid)), nodes)
 
 
 # --------------------------------------------------------------------------------------------------
