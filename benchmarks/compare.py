@@ -46,6 +46,9 @@ SPECS = REPO / "benchmarks" / "specs"
 WINDOWS = ("last", "first", "all", "step")
 #: the share of the run's rise a comparison should detect with 80% power (the seeds a report asks for)
 TARGET_SHARE = 0.25
+#: the fields a spec with a ``base`` takes from that spec where it does not give them (the regime; the arms only as
+#: the ones its arms' ``from`` may name)
+INHERITED = ("steps", "env", "overrides", "start", "metrics", "keep", "stall_seconds")
 #: the metric prefixes a record keeps when its spec names none
 KEEP = ("critic/score/", "critic/vf_explained_var", "response_length/mean", "group/", "timing_s/", "actor/entropy",
         "val-")
@@ -122,6 +125,19 @@ def _need(value: Any, ok: bool, name: str, what: str) -> Any:
     return value
 
 
+def _with_origin(data: dict, known: dict, where: str) -> dict:
+    """An arm's fields with ``from`` resolved: the named arm's (in ``known``, resolved already) but its seeds, this
+    arm's ``overrides`` after its and ``env`` over its, this arm's other fields in place of its."""
+    if "from" not in data:
+        return data
+    origin = known.get(data["from"])
+    _need(data["from"], isinstance(origin, dict), f"{where}.from", f"the name of an earlier arm, one of {list(known)}")
+    own = {k: v for k, v in data.items() if k not in ("from", "overrides", "env")}
+    origin = {k: v for k, v in origin.items() if k != "seeds"}  # the seeds are this spec's
+    return {**origin, **own, "overrides": [*origin.get("overrides", ()), *data.get("overrides", ())],
+            "env": {**origin.get("env", {}), **data.get("env", {})}}
+
+
 def _arm(name: str, data: dict, seeds: Sequence[int], where: str) -> Arm:
     launcher = data.get("launcher")
     _need(launcher, isinstance(launcher, str) and launcher.strip() != "", f"{where}.launcher", "a command string")
@@ -153,7 +169,9 @@ def _metric(name: str, data: dict) -> Metric:
 def load_spec(path: os.PathLike | str) -> Spec:
     """The spec in ``path`` (JSON). Fields: ``description``; ``results`` (the records' folder, relative to the
     repository); ``steps``; ``seeds``; ``arms`` (name -> ``launcher``, optional ``overrides``, ``env``, ``seeds``,
-    ``seed_offset``);
+    ``seed_offset``; or ``from``: another arm's, this arm's ``overrides`` after its and ``env`` over its);
+    ``base`` (optional): the name of a spec in the same folder whose :data:`INHERITED` fields this one takes where
+    it does not give them, and whose arms ``from`` may name;
     ``pairs`` (``[arm, baseline]`` lists); ``metrics`` (name -> :class:`Metric` fields: ``key`` or ``keys``,
     ``window``, ``steps``, ``step``, ``weights``, ``start``, ``rise_from``, ``compare``); optional ``overrides`` and
     ``env`` every run gets, ``keep`` (the metric prefixes a record keeps), ``stall_seconds``, and ``start`` (one
@@ -162,12 +180,24 @@ def load_spec(path: os.PathLike | str) -> Spec:
     value ``{repo}``. ValueError naming the first bad field."""
     path = Path(path)
     data = json.loads(path.read_text())
+    known: dict = {}  # the arms ``from`` may name, resolved: the base's, then this spec's before it
+    if "base" in data:  # the regime of another spec: its fields, where this one does not give them
+        base_path = path.parent / f"{data['base']}.json"
+        base = json.loads(base_path.read_text()) if isinstance(data["base"], str) and base_path.is_file() else None
+        _need(data["base"], isinstance(base, dict) and "base" not in base, "base",
+              f"the name of a spec in {path.parent.name}/ without a base of its own")
+        for name, arm in base.get("arms", {}).items():
+            known[name] = _with_origin(arm, known, f"base arms.{name}")
+        data = {**{k: v for k, v in base.items() if k in INHERITED}, **data}
     steps = _need(data.get("steps"), isinstance(data.get("steps"), int) and data["steps"] >= 0, "steps",
                   "an integer >= 0")
     seeds = data.get("seeds", [])
     arms_data = _need(data.get("arms"), isinstance(data.get("arms"), dict) and data["arms"], "arms",
                       "a non-empty object of arms")
-    arms = {name: _arm(name, arm, seeds, f"arms.{name}") for name, arm in arms_data.items()}
+    arms = {}
+    for name, arm in arms_data.items():
+        known[name] = _with_origin(arm, known, f"arms.{name}")
+        arms[name] = _arm(name, known[name], seeds, f"arms.{name}")
     for name, arm in arms.items():
         _need(list(arm.seeds), bool(arm.seeds), f"arms.{name}.seeds", "at least one seed (or top-level seeds)")
     pairs = tuple(tuple(p) for p in data.get("pairs", []))

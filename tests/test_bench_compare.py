@@ -77,6 +77,8 @@ def test_committed_specs_load_and_are_listed():
     ({"metrics": {"m": {"key": "x", "window": "all", "rise_from": "nothing"}}}, "metrics.m.rise_from"),
     ({"results": "/abs/path"}, "results"),
     ({"arms": {"a": {"launcher": "x", "seed_offset": "one"}}}, "arms.a.seed_offset"),
+    ({"arms": {"a": {"from": "b"}, "b": {"launcher": "x"}}}, "arms.a.from"),
+    ({"base": "no_such_spec"}, "base"),
 ])
 def test_a_bad_spec_names_its_field(tmp_path, change, field):
     path = write_spec(tmp_path, "results/fake")
@@ -84,6 +86,29 @@ def test_a_bad_spec_names_its_field(tmp_path, change, field):
     path.write_text(json.dumps(data))
     with pytest.raises(ValueError, match=f"^{field}"):
         compare.load_spec(path)
+
+
+def test_a_spec_on_a_base_takes_its_regime_and_an_arm_from_another_adds_to_it(tmp_path):
+    base = json.loads(write_spec(tmp_path, "results/base", env={"WORK_DIR": "w"}).read_text())
+    base["overrides"] = ["data.seed={seed}", "trainer.experiment_name={spec}_{arm}"]
+    base["arms"]["better"]["env"] = {"A": "1"}
+    (tmp_path / "regime.json").write_text(json.dumps(base))
+    derived = {"description": "on the regime", "base": "regime", "results": "results/derived", "seeds": [5],
+               "steps": 7, "arms": {"b": {"from": "better", "overrides": ["+x=1"], "env": {"B": "2"}},
+                                    "c": {"from": "b", "overrides": ["+y=2"]}},
+               "pairs": [["c", "b"]]}
+    (tmp_path / "derived.json").write_text(json.dumps(derived))
+    spec = compare.load_spec(tmp_path / "derived.json")
+    assert spec.steps == 7 and spec.env == {"WORK_DIR": "w"} and set(spec.metrics) == {"first", "last"}
+    assert spec.runs() == [("b", 5), ("c", 5)]  # this spec's seeds, not the base arm's or the base's
+    assert spec.arms["b"].overrides == ("+gain=0.05", "+x=1") and spec.arms["b"].env == {"A": "1", "B": "2"}
+    assert spec.arms["c"].overrides == ("+gain=0.05", "+x=1", "+y=2") and spec.arms["c"].env == {"A": "1", "B": "2"}
+    args, _ = compare.command(spec, "c", 5, "ckpt")
+    assert "trainer.experiment_name=derived_c" in args and "trainer.total_training_steps=7" in args
+    base["base"] = "derived"  # a base of a base is refused
+    (tmp_path / "regime.json").write_text(json.dumps(base))
+    with pytest.raises(ValueError, match="^base"):
+        compare.load_spec(tmp_path / "derived.json")
 
 
 def test_resume_skips_finished_runs_and_workers_split_the_plan(tmp_path, results):
@@ -217,9 +242,11 @@ def test_the_pre_registered_specs_run_the_validated_regime():
     regime = compare.load_spec(compare.spec_path("bench_validation"))
     for name in ("first_comparison", "tree_comparison", "tree_settings"):
         spec = compare.load_spec(compare.spec_path(name))
-        assert (spec.steps, spec.env, spec.metrics["held-out, end"]) == (
-            regime.steps, regime.env, regime.metrics["held-out, end"])
-        assert [o.replace(name, "bench_validation") for o in spec.overrides] == list(regime.overrides)
+        assert json.loads(compare.spec_path(name).read_text())["base"] == "bench_validation"
+        assert (spec.steps, spec.env, spec.overrides, spec.start, spec.metrics["held-out, end"]) == (
+            regime.steps, regime.env, regime.overrides, regime.start, regime.metrics["held-out, end"])
+        args, _ = compare.command(spec, next(iter(spec.arms)), 0, "ckpt")
+        assert f"trainer.experiment_name={name}_{next(iter(spec.arms))}_seed0" in args
     tree = compare.load_spec(compare.spec_path("tree_comparison"))
     assert tree.arms["tree_group_ppo"].env == {"ROLLOUT": "tree", "VALUE_SOURCE": "prefix_tree"}
     assert "actor_rollout_ref.rollout.n=8" in tree.arms["tree_grpo"].overrides
