@@ -34,7 +34,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from statistics import mean
 from typing import Any, Callable, Optional, Sequence
@@ -81,7 +81,9 @@ class Arm:
     """An arm: the launcher command (split like a shell), its own overrides and environment, its seeds.
 
     ``seed_offset`` shifts the seed its runs are given (``{seed}`` in the overrides) while it is still paired on the
-    nominal seed: the same arm under another name and an offset is an A/A test on other seeds."""
+    nominal seed: the same arm under another name and an offset is an A/A test on other seeds. ``records_of`` names
+    the spec that runs this arm (the same command, its records in that spec's folder ``records_in``): this spec
+    reads them and runs none of its own."""
 
     name: str
     launcher: tuple[str, ...]
@@ -89,6 +91,8 @@ class Arm:
     env: dict = field(default_factory=dict)
     seeds: tuple[int, ...] = ()
     seed_offset: int = 0
+    records_of: Optional[str] = None
+    records_in: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -116,7 +120,8 @@ class Spec:
         return ([(self.start.name, 0)] if self.start else []) + plan
 
     def path(self, arm: str, seed: int) -> Path:
-        return REPO / self.results / f"{arm}-seed{seed}.json"
+        folder = self.arms[arm].records_in if arm in self.arms and self.arms[arm].records_in else self.results
+        return REPO / folder / f"{arm}-seed{seed}.json"
 
 
 def _need(value: Any, ok: bool, name: str, what: str) -> Any:
@@ -166,12 +171,14 @@ def _metric(name: str, data: dict) -> Metric:
                   bool(data.get("compare", True)))
 
 
-def load_spec(path: os.PathLike | str) -> Spec:
+def load_spec(path: os.PathLike | str, _seen: frozenset = frozenset()) -> Spec:
     """The spec in ``path`` (JSON). Fields: ``description``; ``results`` (the records' folder, relative to the
     repository); ``steps``; ``seeds``; ``arms`` (name -> ``launcher``, optional ``overrides``, ``env``, ``seeds``,
     ``seed_offset``; or ``from``: another arm's, this arm's ``overrides`` after its and ``env`` over its);
-    ``base`` (optional): the name of a spec in the same folder whose :data:`INHERITED` fields this one takes where
-    it does not give them, and whose arms ``from`` may name;
+    or ``records_of``: the name of another spec with an arm of this name and the same command, whose records this
+    arm reads and does not run, optional ``seeds`` beside it; ``base`` (optional): the name of a spec in the same
+    folder whose :data:`INHERITED` fields this one takes where it does not give them, and whose arms ``from`` may
+    name;
     ``pairs`` (``[arm, baseline]`` lists); ``metrics`` (name -> :class:`Metric` fields: ``key`` or ``keys``,
     ``window``, ``steps``, ``step``, ``weights``, ``start``, ``rise_from``, ``compare``); optional ``overrides`` and
     ``env`` every run gets, ``keep`` (the metric prefixes a record keeps), ``stall_seconds``, and ``start`` (one
@@ -196,6 +203,9 @@ def load_spec(path: os.PathLike | str) -> Spec:
                       "a non-empty object of arms")
     arms = {}
     for name, arm in arms_data.items():
+        if isinstance(arm, dict) and "records_of" in arm:
+            arms[name] = _reused_arm(name, arm, seeds, path.parent, _seen | {path.stem})
+            continue
         known[name] = _with_origin(arm, known, f"arms.{name}")
         arms[name] = _arm(name, known[name], seeds, f"arms.{name}")
     for name, arm in arms.items():
@@ -214,9 +224,42 @@ def load_spec(path: os.PathLike | str) -> Spec:
           "a start run for the metrics read from it")
     results = _need(data.get("results"), isinstance(data.get("results"), str) and not os.path.isabs(data["results"]),
                     "results", "a folder relative to the repository")
-    return Spec(path.stem, data.get("description", ""), results, steps, arms, pairs, metrics,
+    spec = Spec(path.stem, data.get("description", ""), results, steps, arms, pairs, metrics,
                 tuple(data.get("overrides", ())), dict(data.get("env", {})), tuple(data.get("keep", KEEP)),
                 float(data.get("stall_seconds", 1800.0)), start)
+    for arm in arms.values():
+        if arm.records_of:
+            _check_same_runs(spec, arm, load_spec(path.parent / f"{arm.records_of}.json", _seen | {path.stem}))
+    return spec
+
+
+def _reused_arm(name: str, data: dict, seeds: Sequence[int], folder: Path, seen: frozenset) -> Arm:
+    """The arm ``name`` of the spec ``data["records_of"]`` (in ``folder``), read from there: its records are kept
+    where the spec that runs them keeps them (followed through specs that read them in turn)."""
+    where, other = f"arms.{name}.records_of", data["records_of"]
+    _need(other, isinstance(other, str) and (folder / f"{other}.json").is_file() and other not in seen, where,
+          f"the name of another spec in {folder.name}/ that does not read this one's records")
+    _need(sorted(data), set(data) <= {"records_of", "seeds"}, f"arms.{name}", "only records_of and seeds beside it")
+    source = load_spec(folder / f"{other}.json", seen)
+    arm = _need(source.arms.get(name), name in source.arms, where, f"a spec with an arm {name!r}")
+    arm_seeds = _need(data.get("seeds", list(seeds)), isinstance(data.get("seeds", list(seeds)), list),
+                      f"arms.{name}.seeds", "a list of integers")
+    return Arm(name, arm.launcher, arm.overrides, dict(arm.env), tuple(arm_seeds), arm.seed_offset,
+               arm.records_of or source.name, arm.records_in or source.results)
+
+
+def _check_same_runs(spec: Spec, arm: Arm, source: Spec) -> None:
+    """ValueError unless ``source`` (the spec that runs ``arm``) plans each of its seeds with the command this spec
+    would give (the spec's name aside: it only names the run)."""
+    where = f"arms.{arm.name}.records_of"
+    planned = set(source.arms[arm.name].seeds)
+    _need(list(arm.seeds), set(arm.seeds) <= planned, f"arms.{arm.name}.seeds", f"seeds {source.name} plans, "
+          f"{sorted(planned)}")
+    as_source = replace(spec, name=source.name)
+    for seed in arm.seeds:
+        mine, theirs = command(as_source, arm.name, seed, "-"), command(source, arm.name, seed, "-")
+        _need(arm.records_of, mine == theirs, where, f"a spec that runs the same command: {source.name} runs "
+              f"{' '.join(theirs[0])} with {theirs[1]}, this spec {' '.join(mine[0])} with {mine[1]}")
 
 
 def list_specs(folder: Path = SPECS) -> list[tuple[str, str]]:
@@ -353,9 +396,11 @@ def finished(record: Optional[dict], retry_failed: bool = False) -> bool:
 
 
 def pending(spec: Spec, worker: tuple[int, int] = (1, 1), retry_failed: bool = False) -> list[tuple[str, int]]:
-    """The runs of worker K of N (every N-th planned run from the K-th) without a finished record."""
+    """The runs of worker K of N (every N-th planned run from the K-th, the arms another spec runs left out) without
+    a finished record."""
     k, n = worker
-    mine = [run for i, run in enumerate(spec.runs()) if i % n == k - 1]
+    own = [(arm, seed) for arm, seed in spec.runs() if arm not in spec.arms or not spec.arms[arm].records_of]
+    mine = [run for i, run in enumerate(own) if i % n == k - 1]
     return [run for run in mine if not finished(read_json(spec.path(*run)), retry_failed)]
 
 
@@ -476,7 +521,8 @@ def report(spec: Spec) -> str:
                        f"{_f(c['rise'], '+.3f')} | {c['verdict']} | {_f(c['sd'])} | {_f(c['unpaired_sd'])} | "
                        f"{c['seeds_needed'] or ('n/a' if c['sd'] is None or not c['rise'] else '> 40')} |")
     failed = [f"{a} seed {s} ({r.get('reason')})" for (a, s), r in kept.items() if r.get("status") == "failed"]
-    missing = [f"{a} seed {s}" for a, s in spec.runs() if (a, s) not in kept]
+    missing = [f"{a} seed {s}" + (f" (run by {spec.arms[a].records_of})" if a in spec.arms and spec.arms[a].records_of
+                                  else "") for a, s in spec.runs() if (a, s) not in kept]
     out += [""] + ([f"failed runs: {'; '.join(failed)}"] if failed else []) + (
         [f"missing runs: {', '.join(missing)}"] if missing else []) + (
         ["every planned run has its record"] if not failed and not missing else [])

@@ -111,6 +111,32 @@ def test_a_spec_on_a_base_takes_its_regime_and_an_arm_from_another_adds_to_it(tm
         compare.load_spec(tmp_path / "derived.json")
 
 
+def test_an_arm_can_read_the_records_of_another_spec_that_runs_the_same_command(tmp_path, results):
+    source = json.loads(write_spec(tmp_path, "results/source").read_text())
+    source["overrides"] = ["data.seed={seed}", "trainer.experiment_name={spec}_{arm}"]
+    (tmp_path / "source.json").write_text(json.dumps(source))
+    reader = {"description": "reads base", "base": "source", "results": "results/reader", "seeds": [0, 1],
+              "arms": {"new": {"from": "better", "overrides": ["+x=1"]}, "base": {"records_of": "source"}},
+              "pairs": [["new", "base"]]}
+    (tmp_path / "reader.json").write_text(json.dumps(reader))
+    spec = compare.load_spec(tmp_path / "reader.json")
+    assert spec.arms["base"].records_of == "source" and spec.arms["base"].seeds == (0, 1)
+    assert spec.path("base", 1) == tmp_path / "results/source/base-seed1.json"
+    assert compare.pending(spec) == [("new", 0), ("new", 1)]  # the source spec runs "base"
+    source_spec = compare.load_spec(tmp_path / "source.json")
+    for seed in (0, 1):
+        compare.write_json(source_spec.path("base", seed), fake_record(source_spec, "base", seed, tmp_path))
+        compare.write_json(spec.path("new", seed), fake_record(spec, "new", seed, tmp_path, gain=0.05))
+    assert "| new - base | last | +0.050 |" in compare.report(spec)
+    for change, field in (({"steps": 4}, "arms.base.records_of"),  # another command: not the same runs
+                          ({"arms": {**reader["arms"], "base": {"records_of": "reader"}}}, "arms.base.records_of"),
+                          ({"arms": {**reader["arms"], "gone": {"records_of": "source"}}}, "arms.gone.records_of"),
+                          ({"seeds": [0, 7]}, "arms.base.seeds")):
+        (tmp_path / "reader.json").write_text(json.dumps({**reader, **change}))
+        with pytest.raises(ValueError, match=f"^{field}"):
+            compare.load_spec(tmp_path / "reader.json")
+
+
 def test_resume_skips_finished_runs_and_workers_split_the_plan(tmp_path, results):
     spec = compare.load_spec(write_spec(tmp_path, results))
     ran: list[tuple[str, int]] = []
@@ -249,6 +275,9 @@ def test_the_pre_registered_specs_run_the_validated_regime():
         assert f"trainer.experiment_name={name}_{next(iter(spec.arms))}_seed0" in args
     tree = compare.load_spec(compare.spec_path("tree_comparison"))
     assert tree.arms["tree_group_ppo"].env == {"ROLLOUT": "tree", "VALUE_SOURCE": "prefix_tree"}
+    first = compare.load_spec(compare.spec_path("first_comparison"))  # the baselines run once, read by the others
+    assert first.arms["grpo"].records_of == tree.arms["grpo"].records_of == "bench_validation"
+    assert tree.arms["gae"].records_of == "first_comparison" and not first.arms["gae"].records_of
     assert "actor_rollout_ref.rollout.n=8" in tree.arms["tree_grpo"].overrides
     settings = compare.load_spec(compare.spec_path("tree_settings"))  # each setting apart from the defaults' arm
     base = settings.arms["tree_group_ppo"]
