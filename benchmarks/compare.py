@@ -204,7 +204,9 @@ def load_spec(path: os.PathLike | str, _seen: frozenset = frozenset()) -> Spec:
     arms = {}
     for name, arm in arms_data.items():
         if isinstance(arm, dict) and "records_of" in arm:
-            arms[name] = _reused_arm(name, arm, seeds, path.parent, _seen | {path.stem})
+            arms[name] = reused = _reused_arm(name, arm, seeds, path.parent, _seen | {path.stem})
+            known[name] = {"launcher": shlex.join(reused.launcher), "overrides": list(reused.overrides),
+                           "env": dict(reused.env), "seed_offset": reused.seed_offset}
             continue
         known[name] = _with_origin(arm, known, f"arms.{name}")
         arms[name] = _arm(name, known[name], seeds, f"arms.{name}")

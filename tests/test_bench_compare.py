@@ -116,13 +116,15 @@ def test_an_arm_can_read_the_records_of_another_spec_that_runs_the_same_command(
     source["overrides"] = ["data.seed={seed}", "trainer.experiment_name={spec}_{arm}"]
     (tmp_path / "source.json").write_text(json.dumps(source))
     reader = {"description": "reads base", "base": "source", "results": "results/reader", "seeds": [0, 1],
-              "arms": {"new": {"from": "better", "overrides": ["+x=1"]}, "base": {"records_of": "source"}},
+              "arms": {"new": {"from": "better", "overrides": ["+x=1"]}, "base": {"records_of": "source"},
+                       "more": {"from": "base", "overrides": ["+y=2"]}},
               "pairs": [["new", "base"]]}
     (tmp_path / "reader.json").write_text(json.dumps(reader))
     spec = compare.load_spec(tmp_path / "reader.json")
     assert spec.arms["base"].records_of == "source" and spec.arms["base"].seeds == (0, 1)
     assert spec.path("base", 1) == tmp_path / "results/source/base-seed1.json"
-    assert compare.pending(spec) == [("new", 0), ("new", 1)]  # the source spec runs "base"
+    assert spec.arms["more"].overrides == ("+y=2",) and not spec.arms["more"].records_of  # from a read arm: runs
+    assert compare.pending(spec) == [("new", 0), ("more", 0), ("new", 1), ("more", 1)]  # the source spec runs "base"
     source_spec = compare.load_spec(tmp_path / "source.json")
     for seed in (0, 1):
         compare.write_json(source_spec.path("base", seed), fake_record(source_spec, "base", seed, tmp_path))
@@ -281,6 +283,7 @@ def test_the_pre_registered_specs_run_the_validated_regime():
     assert "actor_rollout_ref.rollout.n=8" in tree.arms["tree_grpo"].overrides
     settings = compare.load_spec(compare.spec_path("tree_settings"))  # each setting apart from the defaults' arm
     base = settings.arms["tree_group_ppo"]
+    assert base.records_of == "tree_comparison"
     assert (base.env, base.overrides) == (tree.arms["tree_group_ppo"].env, tree.arms["tree_group_ppo"].overrides)
     for arm, extra in (("tree_parent", "++algorithm.group_params.adv_norm=parent"),
                        ("tree_per_leaf", "++tree_rollout.shared_prefix=per_leaf")):
