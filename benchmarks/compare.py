@@ -119,9 +119,13 @@ class Spec:
         plan = [(a, s) for s in seeds for a, arm in self.arms.items() if s in arm.seeds]
         return ([(self.start.name, 0)] if self.start else []) + plan
 
+    def arm(self, name: str) -> Optional[Arm]:
+        """The arm ``name``, or the start run; None for neither."""
+        return self.start if self.start and name == self.start.name else self.arms.get(name)
+
     def path(self, arm: str, seed: int) -> Path:
-        folder = self.arms[arm].records_in if arm in self.arms and self.arms[arm].records_in else self.results
-        return REPO / folder / f"{arm}-seed{seed}.json"
+        found = self.arm(arm)
+        return REPO / (found.records_in if found and found.records_in else self.results) / f"{arm}-seed{seed}.json"
 
 
 def _need(value: Any, ok: bool, name: str, what: str) -> Any:
@@ -188,6 +192,7 @@ def load_spec(path: os.PathLike | str, _seen: frozenset = frozenset()) -> Spec:
     path = Path(path)
     data = json.loads(path.read_text())
     known: dict = {}  # the arms ``from`` may name, resolved: the base's, then this spec's before it
+    base_start: dict = {}  # the base's start run, where this spec runs it too (it gives no start of its own)
     if "base" in data:  # the regime of another spec: its fields, where this one does not give them
         base_path = path.parent / f"{data['base']}.json"
         base = json.loads(base_path.read_text()) if isinstance(data["base"], str) and base_path.is_file() else None
@@ -195,6 +200,8 @@ def load_spec(path: os.PathLike | str, _seen: frozenset = frozenset()) -> Spec:
               f"the name of a spec in {path.parent.name}/ without a base of its own")
         for name, arm in base.get("arms", {}).items():
             known[name] = _with_origin(arm, known, f"base arms.{name}")
+        if "start" in base and "start" not in data:
+            base_start = {"start": base["start"], "name": data["base"], "results": base.get("results")}
         data = {**{k: v for k, v in base.items() if k in INHERITED}, **data}
     steps = _need(data.get("steps"), isinstance(data.get("steps"), int) and data["steps"] >= 0, "steps",
                   "an integer >= 0")
@@ -222,6 +229,8 @@ def load_spec(path: os.PathLike | str, _seen: frozenset = frozenset()) -> Spec:
         _need(m.rise_from, m.rise_from is None or m.rise_from in metrics, f"metrics.{m.name}.rise_from",
               "the name of another metric")
     start = _arm("start", data["start"], [0], "start") if data.get("start") else None
+    if start and "start" in base_start:  # the base's own start run: its record, in the base's folder
+        start = replace(start, records_of=base_start["name"], records_in=base_start["results"])
     _need(start, start is not None or not any(m.start for m in metrics.values()), "start",
           "a start run for the metrics read from it")
     results = _need(data.get("results"), isinstance(data.get("results"), str) and not os.path.isabs(data["results"]),
@@ -401,7 +410,7 @@ def pending(spec: Spec, worker: tuple[int, int] = (1, 1), retry_failed: bool = F
     """The runs of worker K of N (every N-th planned run from the K-th, the arms another spec runs left out) without
     a finished record."""
     k, n = worker
-    own = [(arm, seed) for arm, seed in spec.runs() if arm not in spec.arms or not spec.arms[arm].records_of]
+    own = [(arm, seed) for arm, seed in spec.runs() if not spec.arm(arm).records_of]
     mine = [run for i, run in enumerate(own) if i % n == k - 1]
     return [run for run in mine if not finished(read_json(spec.path(*run)), retry_failed)]
 
@@ -523,8 +532,8 @@ def report(spec: Spec) -> str:
                        f"{_f(c['rise'], '+.3f')} | {c['verdict']} | {_f(c['sd'])} | {_f(c['unpaired_sd'])} | "
                        f"{c['seeds_needed'] or ('n/a' if c['sd'] is None or not c['rise'] else '> 40')} |")
     failed = [f"{a} seed {s} ({r.get('reason')})" for (a, s), r in kept.items() if r.get("status") == "failed"]
-    missing = [f"{a} seed {s}" + (f" (run by {spec.arms[a].records_of})" if a in spec.arms and spec.arms[a].records_of
-                                  else "") for a, s in spec.runs() if (a, s) not in kept]
+    missing = [f"{a} seed {s}" + (f" (run by {spec.arm(a).records_of})" if spec.arm(a).records_of else "")
+               for a, s in spec.runs() if (a, s) not in kept]
     out += [""] + ([f"failed runs: {'; '.join(failed)}"] if failed else []) + (
         [f"missing runs: {', '.join(missing)}"] if missing else []) + (
         ["every planned run has its record"] if not failed and not missing else [])

@@ -114,6 +114,7 @@ def test_a_spec_on_a_base_takes_its_regime_and_an_arm_from_another_adds_to_it(tm
 def test_an_arm_can_read_the_records_of_another_spec_that_runs_the_same_command(tmp_path, results):
     source = json.loads(write_spec(tmp_path, "results/source").read_text())
     source["overrides"] = ["data.seed={seed}", "trainer.experiment_name={spec}_{arm}"]
+    source["start"] = {"launcher": source["arms"]["base"]["launcher"], "overrides": ["data.seed=0"]}
     (tmp_path / "source.json").write_text(json.dumps(source))
     reader = {"description": "reads base", "base": "source", "results": "results/reader", "seeds": [0, 1],
               "arms": {"new": {"from": "better", "overrides": ["+x=1"]}, "base": {"records_of": "source"},
@@ -123,6 +124,7 @@ def test_an_arm_can_read_the_records_of_another_spec_that_runs_the_same_command(
     spec = compare.load_spec(tmp_path / "reader.json")
     assert spec.arms["base"].records_of == "source" and spec.arms["base"].seeds == (0, 1)
     assert spec.path("base", 1) == tmp_path / "results/source/base-seed1.json"
+    assert spec.path("start", 0) == tmp_path / "results/source/start-seed0.json"  # the base's start run, read
     assert spec.arms["more"].overrides == ("+y=2",) and not spec.arms["more"].records_of  # from a read arm: runs
     assert compare.pending(spec) == [("new", 0), ("more", 0), ("new", 1), ("more", 1)]  # the source spec runs "base"
     source_spec = compare.load_spec(tmp_path / "source.json")
@@ -271,8 +273,9 @@ def test_the_pre_registered_specs_run_the_validated_regime():
     for name in ("first_comparison", "tree_comparison", "tree_settings"):
         spec = compare.load_spec(compare.spec_path(name))
         assert json.loads(compare.spec_path(name).read_text())["base"] == "bench_validation"
-        assert (spec.steps, spec.env, spec.overrides, spec.start, spec.metrics["held-out, end"]) == (
-            regime.steps, regime.env, regime.overrides, regime.start, regime.metrics["held-out, end"])
+        assert (spec.steps, spec.env, spec.overrides, spec.metrics["held-out, end"]) == (
+            regime.steps, regime.env, regime.overrides, regime.metrics["held-out, end"])
+        assert spec.path("start", 0) == regime.path("start", 0) and spec.start.records_of == "bench_validation"
         args, _ = compare.command(spec, next(iter(spec.arms)), 0, "ckpt")
         assert f"trainer.experiment_name={name}_{next(iter(spec.arms))}_seed0" in args
     tree = compare.load_spec(compare.spec_path("tree_comparison"))
