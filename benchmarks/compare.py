@@ -332,6 +332,16 @@ class Outcome:
 HEARTBEAT = re.compile(rb"pending: \d+, running: \d+, finished: \d+, failure: \d+\s*$")
 
 
+#: causes of a failure that a run's output names, and how a record says them (Ray's wording)
+CAUSES = ((re.compile(r"OutOfMemoryError|worker\(s\) were killed due to the node running low on memory"),
+           "Ray's memory monitor killed workers: the machine ran low on memory"),)
+
+
+def failure_cause(output: str) -> Optional[str]:
+    """What a failed run's ``output`` says killed it (:data:`CAUSES`), None when it names none of them."""
+    return next((said for pattern, said in CAUSES if pattern.search(output)), None)
+
+
 def _progress(new_output: bytes) -> bool:
     """Whether ``new_output`` holds a line other than a :data:`HEARTBEAT` (or blank) line."""
     return any(line.strip() and not HEARTBEAT.search(line) for line in new_output.splitlines())
@@ -388,12 +398,15 @@ def run_one(spec: Spec, arm: str, seed: int, runs_dir: Path) -> dict:
     version = code_version()
     outcome = run_watched(args, {"PYTHON": sys.executable, **env}, log_path, spec.stall_seconds)
     shutil.rmtree(checkpoints, ignore_errors=True)  # no comparison reads checkpoints
-    metrics = parse_step_metrics(log_path.read_text(errors="replace"))
+    output = log_path.read_text(errors="replace")
+    metrics = parse_step_metrics(output)
     steps_planned = 0 if spec.start and arm == spec.start.name else spec.steps
     logged = sorted(set(metrics) - {0})
     wrong_steps = logged != list(range(1, steps_planned + 1))
     reason = outcome.killed or (f"exit code {outcome.returncode}" if outcome.returncode else None) or (
         f"logged steps {logged[:3]}..., not 1..{steps_planned}" if wrong_steps else None)
+    if reason and not outcome.killed and failure_cause(output):
+        reason += f" ({failure_cause(output)})"
     return {"spec": spec.name, "arm": arm, "seed": seed, "steps_planned": steps_planned,
             "status": "failed" if reason else "ok", "reason": reason, "code_version": version,
             "command": " ".join([*(f"{k}={portable(str(v))}" for k, v in env.items()), *(portable(a) for a in args)]),

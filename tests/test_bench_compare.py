@@ -28,6 +28,9 @@ FAKE_LAUNCHER = textwrap.dedent('''
         while os.environ.get("STALL") == "heartbeat":  # what verl's agent loop prints while it waits forever
             print("(TaskRunnerV1 pid=1) INFO:pending: 0, running: 16, finished: 16, failure: 0", flush=True)
             time.sleep(0.2)
+        if os.environ.get("FAIL") == "oom":  # Ray's memory monitor kills a worker: the driver exits 1
+            print("ray.exceptions.OutOfMemoryError: 5 worker(s) were killed due to the node running low on memory.")
+            sys.exit(1)
 ''')
 
 
@@ -220,6 +223,16 @@ def test_a_stalled_run_is_killed_and_recorded_as_failed_and_the_sweep_goes_on(tm
         record = compare.read_json(spec.path(arm, 0))
         assert record["status"] == "failed" and record["reason"].startswith("stalled: no progress in the output for 2 s")
         assert record["seconds"] < 30 and record["steps"]["1"]["critic/score/mean"] > 0
+
+
+@pytest.mark.slow
+def test_a_failed_run_names_the_cause_its_output_gives(tmp_path, results):
+    spec = compare.load_spec(write_spec(tmp_path, results, env={"FAIL": "oom"}, seeds=[0]))
+    compare.run_spec(spec, runs_dir=tmp_path / "runs", log=lambda m: None)
+    record = compare.read_json(spec.path("base", 0))
+    assert record["status"] == "failed"
+    assert record["reason"] == "exit code 1 (Ray's memory monitor killed workers: the machine ran low on memory)"
+    assert compare.failure_cause("Traceback ...\nValueError: bad key\n") is None
 
 
 def test_only_lines_other_than_the_agent_loops_status_count_as_progress():
