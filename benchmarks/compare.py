@@ -201,7 +201,7 @@ def load_spec(path: os.PathLike | str, _seen: frozenset = frozenset()) -> Spec:
         for name, arm in base.get("arms", {}).items():
             known[name] = _with_origin(arm, known, f"base arms.{name}")
         if "start" in base and "start" not in data:
-            base_start = {"start": base["start"], "name": data["base"], "results": base.get("results")}
+            base_start = {"name": data["base"], "results": base.get("results")}
         data = {**{k: v for k, v in base.items() if k in INHERITED}, **data}
     steps = _need(data.get("steps"), isinstance(data.get("steps"), int) and data["steps"] >= 0, "steps",
                   "an integer >= 0")
@@ -229,7 +229,7 @@ def load_spec(path: os.PathLike | str, _seen: frozenset = frozenset()) -> Spec:
         _need(m.rise_from, m.rise_from is None or m.rise_from in metrics, f"metrics.{m.name}.rise_from",
               "the name of another metric")
     start = _arm("start", data["start"], [0], "start") if data.get("start") else None
-    if start and "start" in base_start:  # the base's own start run: its record, in the base's folder
+    if start and base_start:  # the base's own start run: its record, in the base's folder
         start = replace(start, records_of=base_start["name"], records_in=base_start["results"])
     _need(start, start is not None or not any(m.start for m in metrics.values()), "start",
           "a start run for the metrics read from it")
@@ -405,8 +405,9 @@ def run_one(spec: Spec, arm: str, seed: int, runs_dir: Path) -> dict:
     wrong_steps = logged != list(range(1, steps_planned + 1))
     reason = outcome.killed or (f"exit code {outcome.returncode}" if outcome.returncode else None) or (
         f"logged steps {logged[:3]}..., not 1..{steps_planned}" if wrong_steps else None)
-    if reason and not outcome.killed and failure_cause(output):
-        reason += f" ({failure_cause(output)})"
+    cause = failure_cause(output) if reason and not outcome.killed else None
+    if cause:
+        reason += f" ({cause})"
     return {"spec": spec.name, "arm": arm, "seed": seed, "steps_planned": steps_planned,
             "status": "failed" if reason else "ok", "reason": reason, "code_version": version,
             "command": " ".join([*(f"{k}={portable(str(v))}" for k, v in env.items()), *(portable(a) for a in args)]),
