@@ -5,7 +5,7 @@
 
 Runs the tiny launcher (``examples/cpu/common.sh grpo``: no critic, so the rollout is most of what differs) once
 with ``rollout.n`` independent replies per prompt and once per tree shape of ``--shapes`` with the same n
-(``ROLLOUT=tree``), one after the other on the same machine. Per run, over the steps after the first: the tokens
+(``ROLLOUT=tree``), one after the other on the same machine, on the ``hf`` rollout or verl's vLLM one (``--rollout``). Per run, over the steps after the first: the tokens
 the rollout generated against the rows' reply tokens (``group/tree_generated_tokens / group/tree_path_tokens``;
 independent sampling generates every row's reply, ratio 1), verl's ``timing_s/gen`` and ``timing_s/step``, each as
 a ratio to the independent run's, and each round's mean time in the server (``group/tree_round{l}_generate_s``).
@@ -43,9 +43,12 @@ def shape_size(shape: dict[str, Any]) -> int:
     return shape["roots"] * math.prod(shape["branching"])
 
 
-def run_one(n: int, shape: Optional[dict[str, Any]], steps: int, work_dir: Path, log_path: Path) -> LauncherRun:
-    """One tiny GRPO run with ``n`` replies per prompt, as a tree of ``shape`` (None: independent replies)."""
-    overrides = [f"actor_rollout_ref.rollout.n={n}", "trainer.experiment_name=bench_tree_" + log_path.stem]
+def run_one(n: int, shape: Optional[dict[str, Any]], steps: int, work_dir: Path, log_path: Path,
+            rollout: str = "hf") -> LauncherRun:
+    """One tiny GRPO run with ``n`` replies per prompt, as a tree of ``shape`` (None: independent replies), on the
+    ``rollout`` server (``hf`` or ``vllm``)."""
+    overrides = [f"actor_rollout_ref.rollout.n={n}", "trainer.experiment_name=bench_tree_" + log_path.stem,
+                 f"actor_rollout_ref.rollout.name={rollout}"]
     env = {"WORK_DIR": str(work_dir), "ROLLOUT": "tree" if shape else "independent"}
     if shape:
         overrides += [f"++tree_rollout.roots={shape['roots']}",
@@ -91,6 +94,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--shapes", default="2x2x2:2,2x2x2:3,2x2x2:4,4x2:4",
                         help="tree shapes ROOTSxB1x...:SEGMENT_TOKENS, comma list, all of one size n")
     parser.add_argument("--steps", type=int, default=4, help="steps per run (the first is not averaged)")
+    parser.add_argument("--rollout", choices=("hf", "vllm"), default="hf", help="the rollout server")
     parser.add_argument("--json", type=Path, help="write the record here")
     args = parser.parse_args(argv)
     if args.steps < 2:
@@ -105,8 +109,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     for label, shape in [("independent", None)] + [(s, p) for s, p in zip(args.shapes.split(","), shapes)]:
         log_path = args.log_dir / f"{label.replace(':', '_')}.log"
         print(f"[tree bench] {label}, n = {n}, {args.steps} steps -> {log_path}", flush=True)
-        row = {"rollout": label if shape else "independent", "n": n, "shape": shape,
-               **summarize(run_one(n, shape, args.steps, args.work_dir.resolve(), log_path))}
+        row = {"rollout": label if shape else "independent", "n": n, "shape": shape, "server": args.rollout,
+               **summarize(run_one(n, shape, args.steps, args.work_dir.resolve(), log_path, args.rollout))}
         rows.append(row)
         print(f"[tree bench] {label}: generated/path {row['generated_over_path']:.3f}, gen {row['gen_s']:.2f} s, "
               f"step {row['step_s']:.2f} s", flush=True)

@@ -128,7 +128,7 @@ import asyncio
 import random
 
 from verl_group_ppo.tree.assemble import prefix_length
-from verl_group_ppo.tree.coordinator import TreeRegistry, sample_in_tree
+from verl_group_ppo.tree.coordinator import TreeRegistry, pieces, sample_in_tree
 
 
 class FakeServer:
@@ -150,14 +150,24 @@ class FakeServer:
         return Reply(ids=ids, mask=[1] * length, log_probs=[-t / 100 for t in ids])
 
 
-async def _run_tree(shape, server, response_length=12, prompt=(1, 2, 3), n=None):
+async def _run_tree(shape, server, response_length=12, prompt=(1, 2, 3), n=None, stop_ids=()):
     registry = TreeRegistry()
     plans = tree_plan(shape, n)
     tree = registry.tree(("uid", 0))
     order = list(plans)
     random.Random(0).shuffle(order)  # verl starts the tasks in sample order; any order must work
+    server.by_sample = {}
+
+    def generate_for(i):
+        async def generate(token_ids, max_tokens):
+            reply = await server.generate(token_ids, max_tokens)
+            server.by_sample.setdefault(i, []).append((list(token_ids), max_tokens, len(reply.ids)))
+            return reply
+        return generate
+
     results = await asyncio.gather(*[
-        sample_in_tree(tree, p, shape, list(prompt), server.generate, response_length) for p in order])
+        sample_in_tree(tree, p, shape, list(prompt), generate_for(p.index), response_length, stop_ids=stop_ids)
+        for p in order])
     for _ in plans:
         registry.finished(("uid", 0), len(plans))
     assert len(registry) == 0
@@ -191,12 +201,18 @@ def test_every_row_copies_its_parent_up_to_the_branch_point_and_generates_only_i
         if rule == "fixed":
             assert q == min(plans[i].nominal_position, len(parent.ids) - 1)
         assert len(row.reply.ids) <= 12
-    # one request per sample, from prompt + the parent's prefix, for at most the room left
-    assert len(server.requests) == 8
-    asked = sorted((tuple(ids), -1 if mt is None else mt) for ids, mt, _ in server.requests)
-    expected = sorted((tuple([1, 2, 3] + rows[r.parent].reply.ids[:r.position]) if r.parent >= 0 else (1, 2, 3),
-                       12 - r.position if r.parent >= 0 else -1) for r in rows.values())
-    assert asked == expected
+    # a sample's requests continue its text: prompt + its reply so far (the parent's prefix, then its own pieces),
+    # each for the tokens up to its next piece's end; the server generated exactly the rows' own tails
+    for i, asked in server.by_sample.items():
+        ends, reply = pieces(plans[i], shape, 12), rows[i].reply.ids
+        starts = [rows[i].position] + [e for e in ends[:-1] if e < len(reply)]
+        assert [len(ids) - 3 for ids, _, _ in asked] == starts[:len(asked)]
+        for ids, max_tokens, _ in asked:
+            start = len(ids) - 3
+            assert ids == [1, 2, 3] + reply[:start]
+            assert max_tokens == (None if plans[i].parent is None and len(ends) == 1
+                                  else min(e for e in ends if e > start) - start)
+        assert sum(got for _, _, got in asked) == rows[i].generated
     assert sum(n for _, _, n in server.requests) == sum(r.generated for r in rows.values())
 
 
@@ -219,6 +235,63 @@ def test_a_child_whose_first_tokens_repeat_its_parents_trains_from_where_it_part
     child = next(r for r in rows.values() if r.parent >= 0)
     assert child.position == 2 and child.generated == 3 and child.reply.ids == [10, 11, 12, 40, 41]
     assert child.reply.mask == ([0, 0, 0, 1, 1] if shared_prefix == "once" else [1] * 5)
+
+
+def test_a_branch_starts_as_soon_as_its_prefix_exists_not_when_its_parent_ends():
+    """The root's last piece is answered only once its child has asked for its tail: a child that waited for the
+    root's whole reply would never ask (the wait times out)."""
+    child_asked = asyncio.Event()
+
+    async def generate(token_ids, max_tokens):
+        if token_ids == [1, 2, 3]:  # the root's first piece: up to its child's branch point and one token more
+            assert max_tokens == 3
+            return Reply(ids=[10, 11, 12], mask=[1] * 3, log_probs=[-0.1] * 3)
+        if token_ids == [1, 2, 3, 10, 11, 12]:  # the root's last piece
+            await asyncio.wait_for(child_asked.wait(), timeout=5)
+            return Reply(ids=[13, 14], mask=[1] * 2, log_probs=[-0.1] * 2)
+        assert token_ids == [1, 2, 3, 10, 11] and max_tokens == 10  # the child, branched at 2
+        child_asked.set()
+        return Reply(ids=[40], mask=[1], log_probs=[-0.2])
+
+    shape = TreeShape(roots=1, branching=(2,), segment_tokens=2)
+    rows = asyncio.run(_run_tree(shape, _Scripted(generate), n=2))
+    assert rows[0].reply.ids == [10, 11, 12, 13, 14] and rows[0].generated == 5
+    assert (rows[1].position, rows[1].reply.ids, rows[1].generated) == (2, [10, 11, 40], 1)
+
+
+@pytest.mark.parametrize("stop_ids", [(), (12,)])
+def test_a_piece_that_ends_at_a_stop_token_ends_the_reply(stop_ids):
+    """The root's first piece comes back full (3 of 3 tokens) with a stop token last: the reply has ended, the
+    child branches at the root's last token. Without that token among ``stop_ids`` (``rollout.ignore_eos``) the
+    root goes on."""
+
+    async def generate(token_ids, max_tokens):
+        if token_ids == [1, 2, 3]:
+            return Reply(ids=[10, 11, 12], mask=[1] * 3, log_probs=[-0.1] * 3)
+        if token_ids == [1, 2, 3, 10, 11, 12]:
+            return Reply(ids=[13], mask=[1], log_probs=[-0.1])
+        return Reply(ids=[40], mask=[1], log_probs=[-0.2])
+
+    shape = TreeShape(roots=1, branching=(2,), segment_tokens=2)
+    server = _Scripted(generate)
+    rows = asyncio.run(_run_tree(shape, server, n=2, stop_ids=stop_ids))
+    if stop_ids:
+        assert rows[0].reply.ids == [10, 11, 12] and len(server.by_sample[0]) == 1
+    else:
+        assert rows[0].reply.ids == [10, 11, 12, 13] and len(server.by_sample[0]) == 2
+    assert rows[1].position == 2 and rows[1].reply.ids == [10, 11, 40]
+
+
+def test_pieces_stop_where_the_deeper_levels_branch():
+    fixed = TreeShape(roots=2, branching=(2, 2), segment_tokens=4)
+    plans = tree_plan(fixed)
+    assert pieces(plans[0], fixed, 16) == [5, 9, 16]  # a root: its children at levels 1 and 2
+    assert pieces(plans[2], fixed, 16) == [9, 16]  # a level-1 branch: its child at level 2
+    assert pieces(plans[1], fixed, 16) == [16]  # a leaf: one piece
+    assert pieces(plans[0], fixed, 8) == [5, 8]  # past the reply's limit: no piece
+    low_prob = TreeShape(roots=2, branching=(2, 2), segment_tokens=4, branch_rule="low_prob", window=3)
+    assert pieces(plans[0], low_prob, 16) == [7, 11, 16]  # the whole window first
+    assert pieces(tree_plan(TreeShape(roots=4, branching=()))[0], TreeShape(roots=4, branching=()), 16) == [16]
 
 
 class _Scripted:

@@ -42,13 +42,17 @@ class FakeServerManager:
         self.rng = random.Random(seed)
         self.vocab = vocab
         self.requests: list[tuple[list[int], dict]] = []
+        self.generated = 0
+        self.outputs: list[tuple[list[int], list[int], int]] = []
 
     async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
         await asyncio.sleep(self.rng.random() / 1000)
         limit = min(sampling_params.get("max_tokens", RESPONSE_LENGTH), RESPONSE_LENGTH)
         ids = [self.rng.randrange(5, self.vocab) for _ in range(self.rng.randint(1, limit))]
         self.requests.append((list(prompt_ids), dict(sampling_params)))
+        self.generated += len(ids)
         step = self.rng.randint(1, 3)  # the weight version the server held
+        self.outputs.append((list(prompt_ids), ids, step))
         return TokenOutput(token_ids=ids, log_probs=[-0.01 * t for t in ids],
                            extra_fields={"min_global_steps": step, "max_global_steps": step})
 
@@ -85,7 +89,8 @@ def test_rows_copy_their_parents_prefix_and_the_server_generates_only_tails(toke
     assert len(TREES) == 0  # the tree is dropped once its samples finished
     plans = tree_plan(TreeShape.from_config(shape))
     prompt = rows[0].prompt_ids
-    assert len(server.requests) == 8
+    # one request per sample, and one more for each piece a parent stopped at for a branch of a deeper level
+    assert 8 <= len(server.requests) <= 8 + 2 * 2 + 2 * 1
     for i, row in enumerate(rows):
         extra = row.extra_fields
         assert row.prompt_ids == prompt
@@ -101,18 +106,19 @@ def test_rows_copy_their_parents_prefix_and_the_server_generates_only_tails(toke
             # once: 0 on the copied prefix and on any first sampled tokens that repeat the parent's
             masked = prefix_length(row.response_ids, parent.response_ids) if shared_prefix == "once" else 0
             assert row.response_mask == [0] * masked + [1] * (len(row.response_ids) - masked)
-            # the prefix's weight versions count: verl's staleness control reads these from every row
-            assert extra["min_global_steps"] <= parent.extra_fields["min_global_steps"]
-            assert extra["max_global_steps"] >= parent.extra_fields["max_global_steps"]
-            assert (prompt + row.response_ids[:q], RESPONSE_LENGTH - q) in [
-                (ids, params.get("max_tokens")) for ids, params in server.requests]
+            assert prompt + row.response_ids[:q] in [ids for ids, _ in server.requests]
         else:
             assert row.response_mask == [1] * len(row.response_ids)
+        # every request that generated a token of the row counts, the parent's pieces under the copied prefix too:
+        # verl's staleness control reads the span from every row
+        for ids, out, step in server.outputs:
+            k = len(ids) - len(prompt)
+            if out and ids == prompt + row.response_ids[:k] and row.response_ids[k:k + len(out)] == out:
+                assert extra["min_global_steps"] <= step <= extra["max_global_steps"]
         assert extra["tree_level"] == plans[i].level
         assert extra["tree_generate_s"] > 0
-    copied = sum(len(ids) - len(prompt) for ids, _ in server.requests)  # prefixes sent to the server
-    assert sum(r.extra_fields["tree_generated_tokens"] for r in rows) + copied == sum(
-        len(r.response_ids) for r in rows)
+    assert sum(r.extra_fields["tree_generated_tokens"] for r in rows) == server.generated
+    assert all(params.get("max_tokens", RESPONSE_LENGTH) <= RESPONSE_LENGTH for _, params in server.requests)
 
 
 def test_tree_metrics_read_the_rows_as_verl_stores_them():
@@ -133,3 +139,20 @@ def test_tree_metrics_read_the_rows_as_verl_stores_them():
     rows[1]["extra_fields"] = {}
     with pytest.raises(RuntimeError, match="1 of 4 rows carry no tree position"):
         tree_metrics(list_of_dict_to_tensordict(rows))
+
+
+def test_a_piece_ends_the_reply_at_the_tokenizers_and_the_generation_configs_eos(tokenizer, tmp_path):
+    from transformers import GenerationConfig
+
+    from verl_group_ppo.tree.agent_loop import stop_token_ids
+
+    GenerationConfig(eos_token_id=[7, 9]).save_pretrained(tmp_path)
+    assert tokenizer.eos_token_id is not None
+    assert stop_token_ids(tokenizer, str(tmp_path), False) == {tokenizer.eos_token_id, 7, 9}
+    assert stop_token_ids(tokenizer, str(tmp_path / "no_model_here"), False) == {tokenizer.eos_token_id}
+    from transformers import GPT2Config
+
+    GPT2Config(eos_token_id=11).save_pretrained(tmp_path / "no_generation_config")
+    assert stop_token_ids(tokenizer, str(tmp_path / "no_generation_config"), False) == {tokenizer.eos_token_id, 11}
+    assert stop_token_ids(tokenizer, None, False) == {tokenizer.eos_token_id}
+    assert stop_token_ids(tokenizer, str(tmp_path), True) == frozenset()  # rollout.ignore_eos

@@ -7,7 +7,8 @@ every process that imports verl's agent-loop module (the ``verl.plugins`` entry 
 
 Each sample (verl's ``session_id``) instantiates this class and calls :meth:`TreeAgentLoop.run`; the samples of
 one prompt meet in this worker's :data:`TREES`, keyed by ``(uid, global_steps)``
-(:func:`~verl_group_ppo.tree.coordinator.sample_in_tree`). A sample asks the server only for its own tail; its row
+(:func:`~verl_group_ppo.tree.coordinator.sample_in_tree`). A sample asks the server only for its own tail (in
+pieces where its children branch; :func:`stop_token_ids` tells a piece that ended the reply); its row
 is an ordinary verl row (prompt + full reply, scored by the run's reward function), with its tree position in
 ``extra_fields``: ``tree_parent`` (-1 for a root), ``tree_branch_position``, ``tree_generated_tokens``,
 ``tree_level`` (0 for a root) and ``tree_generate_s`` (its time in the server's ``generate``), beside
@@ -18,6 +19,8 @@ Text prompts only: a row with images, videos or audio is refused.
 
 from __future__ import annotations
 
+import functools
+import os
 import time
 from typing import Any, Optional
 from uuid import uuid4
@@ -29,7 +32,7 @@ from verl_group_ppo.tree.coordinator import TreeRegistry, sample_in_tree
 from verl_group_ppo.tree.limits import TREE_AGENT
 from verl_group_ppo.tree.shape import TREE_PATH, TreeShape, tree_plan
 
-__all__ = ["AGENT_NAME", "TREES", "TreeAgentLoop", "weight_span"]
+__all__ = ["AGENT_NAME", "TREES", "TreeAgentLoop", "stop_token_ids", "weight_span"]
 
 AGENT_NAME = TREE_AGENT
 
@@ -45,6 +48,8 @@ class TreeAgentLoop(AgentLoopBase):
         super().__init__(*args, **kwargs)
         self.shape = TreeShape.from_config(self.config.get(TREE_PATH))
         self.response_length = int(self.rollout_config.response_length)
+        model = self.config.get("actor_rollout_ref", {}).get("model", {}) or {}
+        self.stop_ids = stop_token_ids(self.tokenizer, model.get("path"), bool(self.rollout_config.get("ignore_eos")))
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         """The sample ``kwargs['session_id']`` of prompt ``kwargs['uid']``: a root or a branch, as the tree's plan
@@ -71,9 +76,7 @@ class TreeAgentLoop(AgentLoopBase):
             output = await self.server_manager.generate(request_id=uuid4().hex, prompt_ids=token_ids,
                                                         sampling_params=params, priority=priority)
             metrics["generate_sequences"] += time.perf_counter() - start
-            fields = dict(output.extra_fields)
-            if plan.parent is not None:
-                fields = weight_span(tree.notes.get(plan.parent, {}), fields)
+            fields = weight_span(_span_so_far(tree, sample, plan.parent), dict(output.extra_fields))
             tree.notes[sample] = fields
             server_fields.update(fields)
             metrics.setdefault("num_preempted", output.num_preempted if output.num_preempted is not None else -1)
@@ -89,8 +92,9 @@ class TreeAgentLoop(AgentLoopBase):
             return Reply(ids=list(ids), mask=list(mask), log_probs=list(log_probs) if log_probs else None)
 
         try:
+            stops = self.stop_ids | set(sampling_params.get("stop_token_ids") or ())
             sample = await sample_in_tree(tree, plan, self.shape, prompt_ids, generate, self.response_length,
-                                          assemble)
+                                          assemble, stops)
         finally:
             TREES.finished(key, self.shape.size)
         reply = sample.reply
@@ -106,6 +110,49 @@ class TreeAgentLoop(AgentLoopBase):
                           "tree_level": plan.level, "tree_generate_s": metrics["generate_sequences"]},
         )
         return output
+
+
+def stop_token_ids(tokenizer: Any, model_path: Optional[str], ignore_eos: bool) -> frozenset[int]:
+    """The token ids at which the server ends a reply: the tokenizer's ``eos_token_id`` and the model's generation
+    config's, or its config's when it has no generation config (vLLM stops at both, the ``hf`` rollout at the
+    latter); none with ``rollout.ignore_eos``. A tree sample
+    asked for a piece of ``k`` tokens that got ``k`` back reads its reply as ended when the last one is among
+    these."""
+    if ignore_eos:
+        return frozenset()
+    ids = set(_as_ids(getattr(tokenizer, "eos_token_id", None)))
+    if model_path and os.path.isdir(str(model_path)):
+        ids |= _generation_config_eos(str(model_path))
+    return frozenset(ids)
+
+
+@functools.lru_cache(maxsize=8)
+def _generation_config_eos(model_path: str) -> frozenset[int]:
+    from transformers import AutoConfig, GenerationConfig
+
+    try:
+        return frozenset(_as_ids(GenerationConfig.from_pretrained(model_path).eos_token_id))
+    except OSError:  # no generation_config.json: the model config's EOS, as the servers fall back to it
+        pass
+    try:
+        return frozenset(_as_ids(getattr(AutoConfig.from_pretrained(model_path), "eos_token_id", None)))
+    except (OSError, ValueError):  # not a model folder: the tokenizer's EOS alone
+        return frozenset()
+
+
+def _as_ids(value: Any) -> list[int]:
+    if value is None:
+        return []
+    return [int(value)] if isinstance(value, int) else [int(v) for v in value]
+
+
+def _span_so_far(tree: Any, sample: int, parent: Optional[int]) -> dict[str, Any]:
+    """The server fields a sample's next piece widens: its own previous pieces' (which hold its parent's prefix),
+    or, before its first piece, its parent's so far."""
+    own = tree.notes.get(sample)
+    if own is None and parent is not None:
+        own = tree.notes.get(parent)
+    return own or {}
 
 
 def weight_span(parent: dict[str, Any], own: dict[str, Any]) -> dict[str, Any]:

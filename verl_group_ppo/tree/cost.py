@@ -24,8 +24,8 @@ def tree_token_counts(reply_lengths: torch.Tensor, generated: torch.Tensor) -> d
 def tree_round_seconds(levels: torch.Tensor, seconds: torch.Tensor) -> dict[str, float]:
     """How long a sample of each round waited on the server: the roots are round 0, the samples branching at
     level l round l. ``group/tree_round{l}_generate_s`` is the mean over round l's samples of their time in
-    the server's ``generate`` (a branch starts when its parent is done, so the rounds overlap across a batch's
-    trees; their sum is about the rollout's critical path).
+    the server's ``generate``, all its pieces together (a branch starts once its parent's reply reaches the branch
+    point, so the rounds overlap, within a tree and across a batch's trees).
 
     Args:
         levels: (B,) long, each row's branch level (0 for a root).

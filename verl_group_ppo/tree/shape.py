@@ -17,7 +17,8 @@ first ``k`` samples form a tree on their own (validation with fewer samples per 
 Example ``roots=2, branching=[2, 2]`` (n = 8): samples 0 and 4 are roots; 2 branches from 0 and 6 from 4 at level
 1; 1 from 0, 3 from 2, 5 from 4 and 7 from 6 at level 2.
 
-Where a branch really starts (:func:`branch_position`), given the parent's finished reply of length ``L_p``:
+Where a branch really starts (:func:`branch_position`), given the parent's reply of length ``L_p`` (its reply so far
+once that holds the nominal position and the window after it; its whole reply if it ended first):
 
 - ``branch_rule: fixed``: at the nominal position ``p = l * segment_tokens``; a parent that ends before it
   (``L_p <= p``) is branched at its last token instead, ``q = L_p - 1``: the child copies all of the parent's reply
@@ -177,7 +178,7 @@ def branch_position(plan: SamplePlan, shape: TreeShape, parent_length: int,
     Args:
         plan: the child's :class:`SamplePlan` (not a root).
         shape: the tree's shape (``branch_rule``, ``window``).
-        parent_length: the parent's finished reply length ``L_p`` (tokens).
+        parent_length: the parent's reply length ``L_p`` (tokens; so far, or finished: module docstring).
         parent_log_probs: the parent's ``L_p`` per-token log-probs; required by ``branch_rule: low_prob``.
 
     Returns:
