@@ -5,7 +5,8 @@
 
 Runs the tiny launcher (``examples/cpu/common.sh grpo``: no critic, so the rollout is most of what differs) once
 with ``rollout.n`` independent replies per prompt and once per tree shape of ``--shapes`` with the same n
-(``ROLLOUT=tree``), one after the other on the same machine, on the ``hf`` rollout or verl's vLLM one (``--rollout``). Per run, over the steps after the first: the tokens
+(``ROLLOUT=tree``), one after the other on the same machine, on the ``hf`` rollout or verl's vLLM one (``--rollout``),
+the tree runs with ``tree_rollout.branch_start`` of ``--branch-start``. Per run, over the steps after the first: the tokens
 the rollout generated against the rows' reply tokens (``group/tree_generated_tokens / group/tree_path_tokens``;
 independent sampling generates every row's reply, ratio 1), verl's ``timing_s/gen`` and ``timing_s/step``, each as
 a ratio to the independent run's, and each round's mean time in the server (``group/tree_round{l}_generate_s``).
@@ -44,7 +45,7 @@ def shape_size(shape: dict[str, Any]) -> int:
 
 
 def run_one(n: int, shape: Optional[dict[str, Any]], steps: int, work_dir: Path, log_path: Path,
-            rollout: str = "hf") -> LauncherRun:
+            rollout: str = "hf", branch_start: str = "parent_done") -> LauncherRun:
     """One tiny GRPO run with ``n`` replies per prompt, as a tree of ``shape`` (None: independent replies), on the
     ``rollout`` server (``hf`` or ``vllm``)."""
     overrides = [f"actor_rollout_ref.rollout.n={n}", "trainer.experiment_name=bench_tree_" + log_path.stem,
@@ -53,7 +54,8 @@ def run_one(n: int, shape: Optional[dict[str, Any]], steps: int, work_dir: Path,
     if shape:
         overrides += [f"++tree_rollout.roots={shape['roots']}",
                       "++tree_rollout.branching=[" + ",".join(str(b) for b in shape["branching"]) + "]",
-                      f"++tree_rollout.segment_tokens={shape['segment_tokens']}"]
+                      f"++tree_rollout.segment_tokens={shape['segment_tokens']}",
+                      f"++tree_rollout.branch_start={branch_start}"]
     return run_launcher("grpo", steps, overrides, env=env, log_path=log_path)
 
 
@@ -95,6 +97,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                         help="tree shapes ROOTSxB1x...:SEGMENT_TOKENS, comma list, all of one size n")
     parser.add_argument("--steps", type=int, default=4, help="steps per run (the first is not averaged)")
     parser.add_argument("--rollout", choices=("hf", "vllm"), default="hf", help="the rollout server")
+    parser.add_argument("--branch-start", choices=("parent_done", "prefix_ready"), default="parent_done",
+                        help="tree_rollout.branch_start of the tree runs")
     parser.add_argument("--json", type=Path, help="write the record here")
     args = parser.parse_args(argv)
     if args.steps < 2:
@@ -104,19 +108,22 @@ def main(argv: Optional[list[str]] = None) -> int:
     if len(sizes) != 1:
         raise SystemExit(f"--shapes: every shape must give the same replies per prompt, got {sorted(sizes)}")
     n = sizes.pop()
+    version = code_version()  # the code the runs run, read before they start
     args.log_dir.mkdir(parents=True, exist_ok=True)
     rows = []
     for label, shape in [("independent", None)] + [(s, p) for s, p in zip(args.shapes.split(","), shapes)]:
         log_path = args.log_dir / f"{label.replace(':', '_')}.log"
         print(f"[tree bench] {label}, n = {n}, {args.steps} steps -> {log_path}", flush=True)
         row = {"rollout": label if shape else "independent", "n": n, "shape": shape, "server": args.rollout,
-               **summarize(run_one(n, shape, args.steps, args.work_dir.resolve(), log_path, args.rollout))}
+               "branch_start": args.branch_start if shape else None,
+               **summarize(run_one(n, shape, args.steps, args.work_dir.resolve(), log_path, args.rollout,
+                                   args.branch_start))}
         rows.append(row)
         print(f"[tree bench] {label}: generated/path {row['generated_over_path']:.3f}, gen {row['gen_s']:.2f} s, "
               f"step {row['step_s']:.2f} s", flush=True)
     print("\n" + table(rows))
     if args.json:
-        write_json(args.json, {"steps": args.steps, "code_version": code_version(), "runs": rows})
+        write_json(args.json, {"steps": args.steps, "code_version": version, "runs": rows})
     return 0
 
 

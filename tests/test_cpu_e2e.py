@@ -491,13 +491,15 @@ def small_model_task(tmp_path_factory) -> Path:
 def test_tree_rollout_runs_on_verls_vllm_rollout_at_two_ranks_and_dumps_each_rows_tree_position(
         small_model_task, tmp_path, monkeypatch):
     # ROLLOUT=tree VALUE_SOURCE=prefix_tree on two vLLM replicas: a prompt's 4 samples meet in one agent-loop
-    # worker whichever replica serves them; each asks only for its tail
+    # worker whichever replica serves them; each asks only for its tail, a root in pieces (branch_start:
+    # prefix_ready, the hf rollout's tree test runs the default)
     monkeypatch.setenv("ROLLOUT", "tree")
     monkeypatch.setenv("VALUE_SOURCE", "prefix_tree")
     monkeypatch.setenv("N_RANKS", "2")
     dump = tmp_path / "rollouts"
     steps, output = run_main_ppo_logged(small_model_task, "group_ppo", f"trainer.default_local_dir={tmp_path / 'ckpt'}",
                                         *TWO_RANKS_FSDP1, "actor_rollout_ref.rollout.name=vllm",
+                                        "++tree_rollout.branch_start=prefix_ready",
                                         f"trainer.rollout_data_dir={dump}")
     assert_trained(steps, [1, 2], critic=False)
     assert "CPUvLLMHttpServer" in output and "boundary_rule=tree" in output

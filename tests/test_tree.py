@@ -24,6 +24,7 @@ def test_shape_gives_roots_times_branching_samples_and_refuses_another_n():
     ({"branch_rule": "entropy"}, "tree_rollout.branch_rule"),
     ({"shared_prefix": "twice"}, "tree_rollout.shared_prefix"),
     ({"window": 0}, "tree_rollout.window"),
+    ({"branch_start": "asap"}, "tree_rollout.branch_start"),
     ({"depth": 2}, "unknown key"),
 ])
 def test_bad_shapes_are_refused_naming_the_key(raw, key):
@@ -174,12 +175,14 @@ async def _run_tree(shape, server, response_length=12, prompt=(1, 2, 3), n=None,
     return {p.index: r for p, r in zip(order, results)}
 
 
+@pytest.mark.parametrize("branch_start", ["parent_done", "prefix_ready"])
 @pytest.mark.parametrize("shared_prefix", ["once", "per_leaf"])
 @pytest.mark.parametrize("rule", ["fixed", "low_prob"])
 @pytest.mark.parametrize("seed", range(5))
-def test_every_row_copies_its_parent_up_to_the_branch_point_and_generates_only_its_tail(seed, rule, shared_prefix):
+def test_every_row_copies_its_parent_up_to_the_branch_point_and_generates_only_its_tail(seed, rule, shared_prefix,
+                                                                                         branch_start):
     shape = TreeShape(roots=2, branching=(2, 2), segment_tokens=3, branch_rule=rule, window=3,
-                      shared_prefix=shared_prefix)
+                      shared_prefix=shared_prefix, branch_start=branch_start)
     server = FakeServer(seed)
     rows = asyncio.run(_run_tree(shape, server))
     assert sorted(rows) == list(range(8))
@@ -237,7 +240,7 @@ def test_a_child_whose_first_tokens_repeat_its_parents_trains_from_where_it_part
     assert child.reply.mask == ([0, 0, 0, 1, 1] if shared_prefix == "once" else [1] * 5)
 
 
-def test_a_branch_starts_as_soon_as_its_prefix_exists_not_when_its_parent_ends():
+def test_with_prefix_ready_a_branch_starts_as_soon_as_its_prefix_exists_not_when_its_parent_ends():
     """The root's last piece is answered only once its child has asked for its tail: a child that waited for the
     root's whole reply would never ask (the wait times out)."""
     child_asked = asyncio.Event()
@@ -253,7 +256,7 @@ def test_a_branch_starts_as_soon_as_its_prefix_exists_not_when_its_parent_ends()
         child_asked.set()
         return Reply(ids=[40], mask=[1], log_probs=[-0.2])
 
-    shape = TreeShape(roots=1, branching=(2,), segment_tokens=2)
+    shape = TreeShape(roots=1, branching=(2,), segment_tokens=2, branch_start="prefix_ready")
     rows = asyncio.run(_run_tree(shape, _Scripted(generate), n=2))
     assert rows[0].reply.ids == [10, 11, 12, 13, 14] and rows[0].generated == 5
     assert (rows[1].position, rows[1].reply.ids, rows[1].generated) == (2, [10, 11, 40], 1)
@@ -272,7 +275,7 @@ def test_a_piece_that_ends_at_a_stop_token_ends_the_reply(stop_ids):
             return Reply(ids=[13], mask=[1], log_probs=[-0.1])
         return Reply(ids=[40], mask=[1], log_probs=[-0.2])
 
-    shape = TreeShape(roots=1, branching=(2,), segment_tokens=2)
+    shape = TreeShape(roots=1, branching=(2,), segment_tokens=2, branch_start="prefix_ready")
     server = _Scripted(generate)
     rows = asyncio.run(_run_tree(shape, server, n=2, stop_ids=stop_ids))
     if stop_ids:
@@ -283,15 +286,19 @@ def test_a_piece_that_ends_at_a_stop_token_ends_the_reply(stop_ids):
 
 
 def test_pieces_stop_where_the_deeper_levels_branch():
-    fixed = TreeShape(roots=2, branching=(2, 2), segment_tokens=4)
+    fixed = TreeShape(roots=2, branching=(2, 2), segment_tokens=4, branch_start="prefix_ready")
     plans = tree_plan(fixed)
     assert pieces(plans[0], fixed, 16) == [5, 9, 16]  # a root: its children at levels 1 and 2
     assert pieces(plans[2], fixed, 16) == [9, 16]  # a level-1 branch: its child at level 2
     assert pieces(plans[1], fixed, 16) == [16]  # a leaf: one piece
     assert pieces(plans[0], fixed, 8) == [5, 8]  # past the reply's limit: no piece
-    low_prob = TreeShape(roots=2, branching=(2, 2), segment_tokens=4, branch_rule="low_prob", window=3)
+    low_prob = TreeShape(roots=2, branching=(2, 2), segment_tokens=4, branch_rule="low_prob", window=3,
+                         branch_start="prefix_ready")
     assert pieces(plans[0], low_prob, 16) == [7, 11, 16]  # the whole window first
-    assert pieces(tree_plan(TreeShape(roots=4, branching=()))[0], TreeShape(roots=4, branching=()), 16) == [16]
+    independent = TreeShape(roots=4, branching=(), branch_start="prefix_ready")
+    assert pieces(tree_plan(independent)[0], independent, 16) == [16]
+    # parent_done (the default): every sample in one piece, a child starts when its parent is done
+    assert all(pieces(plan, TreeShape(roots=2, branching=(2, 2), segment_tokens=4), 16) == [16] for plan in plans)
 
 
 class _Scripted:

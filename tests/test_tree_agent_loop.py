@@ -80,17 +80,23 @@ def test_the_plugin_registers_the_tree_agent_loop():
     assert _agent_loop_registry["tree_single_turn"] == {"_target_": "verl_group_ppo.tree.agent_loop.TreeAgentLoop"}
 
 
+@pytest.mark.parametrize("branch_start", ["parent_done", "prefix_ready"])
 @pytest.mark.parametrize("shared_prefix", ["once", "per_leaf"])
 @pytest.mark.parametrize("seed", range(3))
-def test_rows_copy_their_parents_prefix_and_the_server_generates_only_tails(tokenizer, seed, shared_prefix):
-    shape = {"roots": 2, "branching": [2, 2], "segment_tokens": 3, "shared_prefix": shared_prefix}
+def test_rows_copy_their_parents_prefix_and_the_server_generates_only_tails(tokenizer, seed, shared_prefix,
+                                                                           branch_start):
+    shape = {"roots": 2, "branching": [2, 2], "segment_tokens": 3, "shared_prefix": shared_prefix,
+             "branch_start": branch_start}
     server = FakeServerManager(seed, len(tokenizer))
     rows = asyncio.run(_run(tokenizer, server, shape, 8))
     assert len(TREES) == 0  # the tree is dropped once its samples finished
     plans = tree_plan(TreeShape.from_config(shape))
     prompt = rows[0].prompt_ids
-    # one request per sample, and one more for each piece a parent stopped at for a branch of a deeper level
-    assert 8 <= len(server.requests) <= 8 + 2 * 2 + 2 * 1
+    # one request per sample; with prefix_ready one more for each piece a parent stopped at for a deeper level
+    if branch_start == "parent_done":
+        assert len(server.requests) == 8
+    else:
+        assert 8 <= len(server.requests) <= 8 + 2 * 2 + 2 * 1
     for i, row in enumerate(rows):
         extra = row.extra_fields
         assert row.prompt_ids == prompt

@@ -2,13 +2,14 @@
 :func:`sample_in_tree`, one sample's part (pure asyncio, no verl imports).
 
 verl runs a prompt's ``rollout.n`` samples as asyncio tasks of one agent-loop worker (``session_id`` 0 .. n-1), so
-they find each other through a :class:`TreeRegistry` keyed by the prompt's identity (``uid`` and step). A branch
-starts as soon as its prefix exists, not when its parent is done: a sample with children asks the server for its
+they find each other through a :class:`TreeRegistry` keyed by the prompt's identity (``uid`` and step). A child
+waits until its parent's reply reaches its branch window (or ends), then generates only its tail from prompt + the
+parent's first ``q`` reply tokens. With ``branch_start: parent_done`` every sample asks for its reply in one
+request, so a child starts when its parent is done; with ``prefix_ready`` a sample with children asks for its
 reply in pieces, each ending just past a child's branch window (:func:`pieces`), and shows the tree what it has so
-far after each; a child waits until its parent's reply reaches its window (or ends), then generates only its tail
-from prompt + the parent's first ``q`` reply tokens. The tokens are sampled as in one request (each piece continues
-the text so far); a piece that comes back short, or ends at a stop token, ends the reply. A parent that fails
-fails its children with the same error.
+far after each, so a child starts while its parent goes on. The tokens are sampled as in one request (each piece
+continues the text so far); a piece that comes back short, or ends at a stop token, ends the reply. A parent that
+fails fails its children with the same error.
 """
 
 from __future__ import annotations
@@ -143,9 +144,12 @@ def branch_window_end(plan: SamplePlan, shape: TreeShape) -> int:
 
 
 def pieces(plan: SamplePlan, shape: TreeShape, response_length: int) -> list[int]:
-    """Where sample ``plan`` stops to show its reply so far: the reply lengths its children wait for
-    (:func:`branch_window_end`; a sample at level ``l``, 0 for a root, has children at every level ``l + 1 .. L``),
-    in order, then ``response_length``. A leaf asks for its reply in one piece."""
+    """Where sample ``plan`` stops to show its reply so far: with ``branch_start: prefix_ready`` the reply lengths
+    its children wait for (:func:`branch_window_end`; a sample at level ``l``, 0 for a root, has children at every
+    level ``l + 1 .. L``), in order, then ``response_length``. A leaf, and every sample with ``parent_done``, asks
+    for its reply in one piece."""
+    if shape.branch_start == "parent_done":
+        return [response_length]
     ends = {level * shape.segment_tokens + _lookahead(shape) for level in range(plan.level + 1, shape.levels + 1)}
     return sorted(end for end in ends if end < response_length) + [response_length]
 

@@ -36,12 +36,17 @@ from typing import Any, Optional, Sequence
 
 from verl_group_ppo.config import to_plain_dict
 
-__all__ = ["BRANCH_RULES", "SHARED_PREFIX", "TREE_PATH", "SamplePlan", "TreeShape", "branch_position", "tree_plan"]
+__all__ = ["BRANCH_RULES", "BRANCH_STARTS", "SHARED_PREFIX", "TREE_PATH", "SamplePlan", "TreeShape", "branch_position",
+           "tree_plan"]
 
 TREE_PATH = "tree_rollout"
 """Where the tree's keys live in the run's config (errors name keys by this path)."""
 
 BRANCH_RULES = ("fixed", "low_prob")
+BRANCH_STARTS = ("parent_done", "prefix_ready")
+"""When a branch starts sampling: once its parent's reply is done (each sample one request), or as soon as the
+parent's reply reaches the branch (``prefix_ready``: a sample with children asks for its reply in pieces, one more
+request per level below it; :func:`~verl_group_ppo.tree.coordinator.pieces`)."""
 SHARED_PREFIX = ("once", "per_leaf")
 """How often a shared prefix is trained: ``once`` (SPO-tree: a child's copied prefix, with any first sampled tokens
 that repeat the parent's, is masked out of its ``response_mask``, so each segment is trained by the one sample that
@@ -60,6 +65,7 @@ class TreeShape:
         branch_rule: ``fixed`` or ``low_prob``.
         window: ``low_prob`` only: how many of the parent's tokens from the nominal position are candidates (>= 1).
         shared_prefix: ``once`` or ``per_leaf`` (:data:`SHARED_PREFIX`).
+        branch_start: ``parent_done`` or ``prefix_ready`` (:data:`BRANCH_STARTS`).
     """
 
     roots: int = 2
@@ -68,6 +74,7 @@ class TreeShape:
     branch_rule: str = "fixed"
     window: int = 4
     shared_prefix: str = "once"
+    branch_start: str = "parent_done"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "branching", tuple(self.branching))
@@ -81,6 +88,8 @@ class TreeShape:
                                  f"got {list(self.branching)!r}")
         if self.branch_rule not in BRANCH_RULES:
             raise ValueError(f"{TREE_PATH}.branch_rule must be one of {list(BRANCH_RULES)}, got {self.branch_rule!r}")
+        if self.branch_start not in BRANCH_STARTS:
+            raise ValueError(f"{TREE_PATH}.branch_start must be one of {list(BRANCH_STARTS)}, got {self.branch_start!r}")
         if self.shared_prefix not in SHARED_PREFIX:
             raise ValueError(f"{TREE_PATH}.shared_prefix must be one of {list(SHARED_PREFIX)}, "
                              f"got {self.shared_prefix!r}")
@@ -111,7 +120,7 @@ class TreeShape:
         if isinstance(obj, TreeShape):
             return obj
         raw = to_plain_dict(obj, TREE_PATH)
-        known = ("roots", "branching", "segment_tokens", "branch_rule", "window", "shared_prefix")
+        known = ("roots", "branching", "segment_tokens", "branch_rule", "window", "shared_prefix", "branch_start")
         unknown = sorted(set(raw) - set(known))
         if unknown:
             raise ValueError(f"{TREE_PATH}: unknown key(s) {unknown}; known keys are {list(known)}")
@@ -125,7 +134,8 @@ class TreeShape:
     def to_dict(self) -> dict[str, Any]:
         """The keys as a plain dict (for logs and ``extra_fields``)."""
         return {"roots": self.roots, "branching": list(self.branching), "segment_tokens": self.segment_tokens,
-                "branch_rule": self.branch_rule, "window": self.window, "shared_prefix": self.shared_prefix}
+                "branch_rule": self.branch_rule, "window": self.window, "shared_prefix": self.shared_prefix,
+                "branch_start": self.branch_start}
 
 
 @dataclass(frozen=True)
