@@ -545,6 +545,12 @@ def test_launcher_rollout_tree_sets_the_tree_agent_loop_its_shape_and_the_segmen
     assert not any(a.startswith("++algorithm.group_params.group_max_size") for a in args)
     own = _launcher_args(tmp_path, "++tree_rollout.roots=1")
     assert not any(a.startswith("++tree_rollout.branching") for a in own)
+    assert _arg_value(own, "++tree_rollout.segment_tokens") == _arg_value(args, "++tree_rollout.segment_tokens")
+    # a key that is not the shape's leaves the shape in place
+    other = _launcher_args(tmp_path, "++tree_rollout.branch_start=prefix_ready")
+    assert (int(_arg_value(other, "++tree_rollout.roots")), _arg_value(other, "++tree_rollout.branching")) == (
+        roots, branching)
+    assert "++tree_rollout.branch_start=prefix_ready" in other
 
 
 @pytest.mark.slow

@@ -46,7 +46,8 @@
 #             by the tree_single_turn agent loop (docs/algorithm.md, "Tree rollouts"): the tree_rollout keys
 #             roots = rollout.n / 4 and branching = [2, 2] when rollout.n is a multiple of 4 and at least 8, else
 #             roots = rollout.n / 2 and branching = [2] (at least two roots, so the first segment has a baseline),
-#             segment_tokens = the spec's value_group_size, unless an override sets a tree_rollout key; with
+#             segment_tokens = the spec's value_group_size, each unless an override sets it (roots and branching
+#             together: an override of either leaves both to the overrides); with
 #             group_ppo and the prefix_tree value source also boundary_rule=tree and policy_lam=0 (each segment's
 #             advantage V(child) - V(parent)) unless an override sets them. Not with MULTI_TURN=1
 #   NICE      nice level of the run (default 5: the run yields to interactive work)
@@ -161,13 +162,14 @@ case "$ROLLOUT" in
   independent) ;;
   tree)
     tree=(actor_rollout_ref.rollout.agent.default_agent_loop=tree_single_turn)
-    if ! has_key_prefix tree_rollout; then
+    if ! has_key tree_rollout && ! has_key tree_rollout.roots && ! has_key tree_rollout.branching; then
       if [ $((rollout_n % 4)) -eq 0 ] && [ "$rollout_n" -ge 8 ]; then tree_roots=$((rollout_n / 4)) tree_branching='[2,2]'
       elif [ $((rollout_n % 2)) -eq 0 ]; then tree_roots=$((rollout_n / 2)) tree_branching='[2]'
       else echo "common.sh: ROLLOUT=tree needs an even rollout.n (the $spec_name task's is $rollout_n)" >&2; exit 2; fi
-      tree+=(++tree_rollout.roots=$tree_roots "++tree_rollout.branching=$tree_branching"
-             ++tree_rollout.segment_tokens="$value_group_size")
+      tree+=(++tree_rollout.roots=$tree_roots "++tree_rollout.branching=$tree_branching")
     fi
+    has_key tree_rollout || has_key tree_rollout.segment_tokens \
+      || tree+=(++tree_rollout.segment_tokens="$value_group_size")
     if [ "$estimator" = group_ppo ] && [ "${value_source:-critic}" = prefix_tree ]; then
       has_key algorithm.group_params.boundary_rule || specific+=(++algorithm.group_params.boundary_rule=tree)
       has_key algorithm.group_params.policy_lam || specific+=(++algorithm.group_params.policy_lam=0.0)
