@@ -48,8 +48,11 @@ class TreeAgentLoop(AgentLoopBase):
         super().__init__(*args, **kwargs)
         self.shape = TreeShape.from_config(self.config.get(TREE_PATH))
         self.response_length = int(self.rollout_config.response_length)
-        model = self.config.get("actor_rollout_ref", {}).get("model", {}) or {}
-        self.stop_ids = stop_token_ids(self.tokenizer, model.get("path"), bool(self.rollout_config.get("ignore_eos")))
+        self.stop_ids: frozenset[int] = frozenset()  # read only by replies asked for in pieces (prefix_ready)
+        if self.shape.branch_start == "prefix_ready":
+            model = self.config.get("actor_rollout_ref", {}).get("model", {}) or {}
+            self.stop_ids = stop_token_ids(self.tokenizer, model.get("path"),
+                                           bool(self.rollout_config.get("ignore_eos")))
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         """The sample ``kwargs['session_id']`` of prompt ``kwargs['uid']``: a root or a branch, as the tree's plan
