@@ -66,7 +66,7 @@ def fake_record(spec, arm, seed, runs_dir, gain=0.0, status="ok"):
 def test_committed_specs_load_and_are_listed():
     names = [name for name, _ in compare.list_specs()]
     assert {"arith", "tiny_value_sources", "twoway", "bench_validation", "first_comparison", "tree_comparison",
-            "tree_settings"} <= set(names)
+            "tree_settings", "tree_per_row"} <= set(names)
     arith = compare.load_spec(compare.spec_path("arith"))
     assert arith.runs()[0] == ("start", 0)  # the shared validation before training runs first
     assert arith.runs()[1:5] == [("group_ppo", 0), ("gae", 0), ("grpo", 0), ("group_ppo_prefix_tree", 0)]
@@ -283,7 +283,7 @@ def test_an_arms_seed_offset_shifts_the_seed_its_runs_get_but_not_its_pairing():
 
 def test_the_pre_registered_specs_run_the_validated_regime():
     regime = compare.load_spec(compare.spec_path("bench_validation"))
-    for name in ("first_comparison", "tree_comparison", "tree_settings"):
+    for name in ("first_comparison", "tree_comparison", "tree_settings", "tree_per_row"):
         spec = compare.load_spec(compare.spec_path(name))
         assert json.loads(compare.spec_path(name).read_text())["base"] == "bench_validation"
         assert (spec.steps, spec.env, spec.overrides, spec.metrics["held-out, end"]) == (
@@ -304,3 +304,7 @@ def test_the_pre_registered_specs_run_the_validated_regime():
     for arm, extra in (("tree_parent", "++algorithm.group_params.adv_norm=parent"),
                        ("tree_per_leaf", "++tree_rollout.shared_prefix=per_leaf")):
         assert settings.arms[arm].env == base.env and list(settings.arms[arm].overrides) == [*base.overrides, extra]
+    per_row = compare.load_spec(compare.spec_path("tree_per_row"))  # runs nothing of its own: reads the runs above
+    assert {name: arm.records_of for name, arm in per_row.arms.items()} == {
+        "tree_group_ppo": "tree_comparison", "tree_grpo": "tree_comparison", "grpo_n8": "bench_validation"}
+    assert "actor_rollout_ref.rollout.n=8" in compare.load_spec(compare.spec_path("bench_validation")).arms["grpo_n8"].overrides
