@@ -10,14 +10,15 @@ checks share as few runs as possible:
 * group_ppo resumed from it to step 3 in verl's ``colocate_async`` trainer, ``critic_loss_on=all_tokens``: the
   threshold comes from the checkpoint;
 * grpo, 2 steps;
-* group_ppo with ``value_source=mc`` on the hf rollout on 2 ranks and on verl's vLLM rollout (the `small` model,
-  when vLLM's CPU build is installed), and with ``value_source=prefix_tree`` on the tree rollout, 2 steps each, no
+* group_ppo with ``value_source=mc`` on 2 ranks, on verl's vLLM rollout (the `small` model) when vLLM's CPU build
+  is installed, else on the hf rollout, and with ``value_source=prefix_tree`` on the tree rollout, 2 steps each, no
   critic worker (``value_source=prefix_tree`` on independent replies, in the fixed rule the launcher gives it, runs
   in tests/test_multiturn_masks.py through verl's tool agent loop, with that run's checks).
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import json
 import math
@@ -457,27 +458,6 @@ def _worker_groups(output: str) -> list[str]:
     return [line.split("create worker group", 1)[1] for line in output.splitlines() if "create worker group" in line]
 
 
-@pytest.mark.slow
-def test_mc_on_two_ranks_samples_k_continuations_from_every_inner_group_start_without_a_critic(
-        tiny_task, tmp_path, monkeypatch):
-    # two ranks: two hf rollout replicas share the continuations (verl's load balancer), the advantage step runs
-    # once in the driver over the whole batch
-    monkeypatch.setenv("N_RANKS", "2")
-    steps, output = run_main_ppo_logged(tiny_task, "group_ppo", f"trainer.default_local_dir={tmp_path / 'ckpt'}",
-                                        *TWO_RANKS_FSDP1, "++algorithm.group_params.value_source=mc",
-                                        "++algorithm.group_params.mc_samples=3")
-    assert_trained(steps, [1, 2], critic=False)
-    assert not any("critic" in g for g in _worker_groups(output))
-    assert "verl_group_ppo_hf_rollout_1" in output  # the second rank's replica
-    responses = 8 * 4
-    for step, m in steps.items():
-        # every reply has a first group (its value is the prompt's mean); each later group start gets K = 3
-        inner_starts = m["group/num_groups"] - responses
-        assert inner_starts > 0 and m["group/mc_responses"] == 3 * inner_starts, (step, m)
-        assert 0 < m["group/mc_tokens"] <= m["group/mc_responses"] * TINY.response_length, (step, m)
-        assert m["timing_s/group_mc"] > 0 and m["timing_s/group_mc_generate"] <= m["timing_s/group_mc"], (step, m)
-
-
 @pytest.fixture(scope="session")
 def small_model_task(tmp_path_factory) -> Path:
     """The tiny task on the `small` model (attention heads vLLM's CPU attention serves), briefly warm-started."""
@@ -517,19 +497,41 @@ def test_tree_rollout_runs_on_verls_vllm_rollout_at_two_ranks_and_dumps_each_row
             assert (r["tree"]["parent"] == -1) == (r["tree"]["level"] == 0)
 
 
+def _server_addresses(output: str) -> list[str]:
+    """The rollout replicas' addresses verl's ``LLMServerManager`` prints at start-up."""
+    line = next(line for line in output.splitlines() if "LLMServerManager: [" in line)
+    return ast.literal_eval(line[line.index("LLMServerManager: ") + len("LLMServerManager: "):].strip())
+
+
+#: the rollout the mc run takes: verl's vLLM rollout when vLLM's CPU build is installed, else the hf rollout
+MC_ROLLOUT = "vllm" if vllm_installed() else "hf"
+
+
 @pytest.mark.slow
-@pytest.mark.skipif(not vllm_installed(), reason=VLLM_SKIP_REASON)
-def test_mc_continues_replies_through_verls_vllm_rollout(small_model_task, tmp_path):
-    # the sync trainer put the vLLM replicas to sleep after sampling; mc wakes them with the batch's weights,
-    # sends every continuation at once, and puts them back to sleep before the actor update
-    steps, output = run_main_ppo_logged(small_model_task, "group_ppo", f"trainer.default_local_dir={tmp_path / 'ckpt'}",
+@pytest.mark.parametrize("rollout", [MC_ROLLOUT])
+def test_mc_on_two_ranks_samples_k_continuations_from_every_inner_group_start_through_the_rollout_replicas(
+        rollout, request, tmp_path, monkeypatch):
+    # Two ranks, so two rollout replicas share the continuations (verl's load balancer), and the advantage step
+    # runs once in the driver over the whole batch, without a critic. On vLLM (the `small` model, whose attention
+    # heads vLLM's CPU attention serves) the sync trainer put the replicas to sleep after sampling: mc wakes them
+    # with the batch's weights, sends every continuation at once, and puts them back to sleep before the update.
+    monkeypatch.setenv("N_RANKS", "2")
+    task = request.getfixturevalue("small_model_task" if rollout == "vllm" else "tiny_task")
+    steps, output = run_main_ppo_logged(task, "group_ppo", f"trainer.default_local_dir={tmp_path / 'ckpt'}",
+                                        *TWO_RANKS_FSDP1, f"actor_rollout_ref.rollout.name={rollout}",
                                         "++algorithm.group_params.value_source=mc",
-                                        "++algorithm.group_params.mc_samples=2", "actor_rollout_ref.rollout.name=vllm")
+                                        "++algorithm.group_params.mc_samples=3")
     assert_trained(steps, [1, 2], critic=False)
-    assert "CPUvLLMHttpServer" in output
+    assert not any("critic" in g for g in _worker_groups(output))
+    assert ("CPUvLLMHttpServer" in output) == (rollout == "vllm")
+    assert len(_server_addresses(output)) == 2, _server_addresses(output)  # one replica per rank
+    responses = 8 * 4
     for step, m in steps.items():
-        assert m["group/mc_responses"] == 2 * (m["group/num_groups"] - 8 * 4) > 0, (step, m)
-        assert m["group/mc_tokens"] > 0, (step, m)
+        # every reply has a first group (its value is the prompt's mean); each later group start gets K = 3
+        inner_starts = m["group/num_groups"] - responses
+        assert inner_starts > 0 and m["group/mc_responses"] == 3 * inner_starts, (step, m)
+        assert 0 < m["group/mc_tokens"] <= m["group/mc_responses"] * TINY.response_length, (step, m)
+        assert m["timing_s/group_mc"] > 0 and m["timing_s/group_mc_generate"] <= m["timing_s/group_mc"], (step, m)
 
 
 @pytest.mark.slow
