@@ -307,4 +307,4 @@ def test_the_pre_registered_specs_run_the_validated_regime():
     per_row = compare.load_spec(compare.spec_path("tree_per_row"))  # runs nothing of its own: reads the runs above
     assert {name: arm.records_of for name, arm in per_row.arms.items()} == {
         "tree_group_ppo": "tree_comparison", "tree_grpo": "tree_comparison", "grpo_n8": "bench_validation"}
-    assert "actor_rollout_ref.rollout.n=8" in compare.load_spec(compare.spec_path("bench_validation")).arms["grpo_n8"].overrides
+    assert "actor_rollout_ref.rollout.n=8" in regime.arms["grpo_n8"].overrides
