@@ -10,8 +10,8 @@ comparison engine") names its arms (a launcher command and the arm's own Hydra o
 steps, the metrics read from verl's per-step log lines, and the registered pairs. Each planned run (arm, seed) is
 one JSON record ``RESULTS/ARM-seedSEED.json``, written atomically when the run ends and skipped when present, so an
 interrupted sweep resumes where it stopped. A record carries the run's exact command (paths relative to the
-repository), the code version (commit, ``git describe`` and whether the tree was dirty), its status and verl's
-metrics per step. A run whose output shows no progress for the spec's ``stall_seconds`` (e.g. a Ray worker killed
+repository), the code version (commit, ``git describe`` and whether the tree was dirty), the build of the task it
+trained on (:func:`task_build`), its status and verl's metrics per step. A run whose output shows no progress for the spec's ``stall_seconds`` (e.g. a Ray worker killed
 by the memory monitor leaves verl's agent loop waiting forever, printing only its once-a-minute status line) is
 killed and recorded as failed with the reason;
 the sweep goes on. ``--retry-failed`` runs the failed ones again.
@@ -19,12 +19,13 @@ the sweep goes on. ``--retry-failed`` runs the failed ones again.
 The report applies the comparison rule of :mod:`stats` to every pair and metric: the mean paired difference, its
 paired standard error, the 80%-detectable difference at the observed paired SD, the run's rise (where the metric
 names its start) and the verdict: win, lose, level, or not measurable when the detectable difference exceeds half
-the rise.
+the rise. A pair gives no verdict while one of its seeds pairs runs made on different builds of the task.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -387,6 +388,32 @@ def _kill_group(proc: subprocess.Popen) -> None:
             continue
 
 
+#: the launcher's line naming the folder of the task a run trains on (examples/cpu/common.sh)
+TASK_LINE = re.compile(r"^\[launcher\] task: (.+?)\s*$", re.M)
+#: the files of a task folder that decide what a run trains on: the model's weights and the data
+TASK_FILES = ("model/*.safetensors", "model/*.bin", "data/*.parquet")
+
+
+def task_build(output: str) -> Optional[dict[str, Any]]:
+    """Which build of the task a run trained on: ``{"fingerprint": sha256 of the weights and data files
+    (:data:`TASK_FILES`), 12 hex digits, "warm_start": what the key file says its warm start measured}`` of the
+    folder the launcher names in ``output`` (:data:`TASK_LINE`); None when the output names none or the folder holds
+    no key file. ``prepare`` gives another warm start on a CPU with other float kernels (docs/results.md, "The
+    bench"), so two runs are paired only on one build."""
+    found = TASK_LINE.findall(output)
+    folder = Path(found[-1]) if found else None
+    if folder is None or not (folder / "data" / "prepare.json").is_file():
+        return None
+    digest = hashlib.sha256()
+    for path in sorted(p for pattern in TASK_FILES for p in folder.glob(pattern)):
+        digest.update(path.relative_to(folder).as_posix().encode())
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
+    key = read_json(folder / "data" / "prepare.json") or {}
+    return {"fingerprint": digest.hexdigest()[:12], "warm_start": key.get("test_accuracy")}
+
+
 def run_one(spec: Spec, arm: str, seed: int, runs_dir: Path) -> dict:
     """Run one (arm, seed) of ``spec`` and return its record: status ``ok`` or ``failed`` with the reason."""
     from verl_group_ppo.logs import parse_step_metrics
@@ -410,6 +437,7 @@ def run_one(spec: Spec, arm: str, seed: int, runs_dir: Path) -> dict:
         reason += f" ({cause})"
     return {"spec": spec.name, "arm": arm, "seed": seed, "steps_planned": steps_planned,
             "status": "failed" if reason else "ok", "reason": reason, "code_version": version,
+            "task": task_build(output),
             "command": " ".join([*(f"{k}={portable(str(v))}" for k, v in env.items()), *(portable(a) for a in args)]),
             "log": portable(str(log_path)), "seconds": round(outcome.seconds, 1),
             "steps": {str(s): {k: v for k, v in m.items() if k.startswith(spec.keep)} for s, m in metrics.items()}}
@@ -495,9 +523,21 @@ def values(spec: Spec, kept: dict[tuple[str, int], dict]) -> dict[str, dict[str,
     return out
 
 
-def compare_pair(spec: Spec, vals: dict, arm: str, base: str, metric: str) -> dict[str, Any]:
+def different_builds(kept: dict[tuple[str, int], dict], arm: str, base: str) -> list[int]:
+    """The seeds at which the records of ``arm`` and ``base`` name different builds of the task (:func:`task_build`;
+    a record that names none pairs with any)."""
+    def build(a: str, s: int) -> Optional[str]:
+        return ((kept.get((a, s)) or {}).get("task") or {}).get("fingerprint")
+
+    seeds = sorted({s for a, s in kept if a == arm} & {s for a, s in kept if a == base})
+    return [s for s in seeds if build(arm, s) and build(base, s) and build(arm, s) != build(base, s)]
+
+
+def compare_pair(spec: Spec, vals: dict, arm: str, base: str, metric: str,
+                 kept: Optional[dict[tuple[str, int], dict]] = None) -> dict[str, Any]:
     """One pair and metric: the paired difference, the 80%-detectable difference, the rise and the verdict
-    (``no verdict`` until every planned common seed has a record)."""
+    (``no verdict`` until every planned common seed has a record, and while the records ``kept`` pair runs made on
+    different builds of the task at some seed)."""
     diff = paired_difference(vals[metric][arm], vals[metric][base])
     rise = None
     start_name = spec.metrics[metric].rise_from
@@ -509,10 +549,12 @@ def compare_pair(spec: Spec, vals: dict, arm: str, base: str, metric: str) -> di
     complete = diff["seeds"] == planned
     sd = paired_sd(diff["per_seed"])
     target = TARGET_SHARE * abs(rise) if rise else None
+    mixed = different_builds(kept, arm, base) if kept else []
     return {**diff, "planned": planned, "rise": rise, "detectable": detectable_of(diff["per_seed"]), "sd": sd,
             "unpaired_sd": unpaired_sd(vals[metric][arm], vals[metric][base]),
             "seeds_needed": seeds_needed(sd, target) if sd is not None and target else None,
-            "verdict": (verdict(diff, rise) if complete
+            "verdict": (f"no verdict (task builds differ at seed {', '.join(map(str, mixed))})" if mixed
+                        else verdict(diff, rise) if complete
                         else f"no verdict ({len(diff['seeds'])} of {len(planned)} seeds)")}
 
 
@@ -540,7 +582,7 @@ def report(spec: Spec) -> str:
             f"| seeds for {TARGET_SHARE:g} x rise |", "|---" * 11 + "|"]
     for arm, base in spec.pairs:
         for metric in (name for name, m in spec.metrics.items() if m.compare):
-            c = compare_pair(spec, vals, arm, base, metric)
+            c = compare_pair(spec, vals, arm, base, metric, kept)
             out.append(f"| {arm} - {base} | {metric} | {_f(c['mean'], '+.3f')} | {_f(c['se'])} | "
                        + ", ".join(f"{d:+.3f}" for d in c["per_seed"]) + f" | {_f(c['detectable'])} | "
                        f"{_f(c['rise'], '+.3f')} | {c['verdict']} | {_f(c['sd'])} | {_f(c['unpaired_sd'])} | "

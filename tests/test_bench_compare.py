@@ -181,6 +181,36 @@ def test_report_gives_verdicts_detectable_differences_rises_and_failed_runs(tmp_
     assert "| better - base | first |" not in text  # a start value stays out of the pairs
 
 
+def _task_folder(root: Path, weights: bytes) -> Path:
+    (root / "model").mkdir(parents=True)
+    (root / "data").mkdir()
+    (root / "model" / "model.safetensors").write_bytes(weights)
+    (root / "data" / "train.parquet").write_bytes(b"rows")
+    (root / "data" / "prepare.json").write_text(json.dumps({"test_accuracy": {"sampled": 0.4, "greedy": 0.9}}))
+    return root
+
+
+def test_a_record_names_its_task_build_and_a_pair_on_two_builds_gets_no_verdict(tmp_path, results):
+    one, same, other = (_task_folder(tmp_path / name, w) for name, w in (("a", b"w1"), ("b", b"w1"), ("c", b"w2")))
+    build = compare.task_build(f"noise\n[launcher] task: {one}\nstep:1 - x:1\n")
+    assert build == {"fingerprint": compare.task_build(f"[launcher] task: {same}")["fingerprint"],
+                     "warm_start": {"sampled": 0.4, "greedy": 0.9}}
+    assert len(build["fingerprint"]) == 12 and compare.task_build(f"[launcher] task: {other}") != build
+    assert compare.task_build("no launcher line") is None and compare.task_build(f"[launcher] task: {tmp_path}") is None
+    spec = compare.load_spec(write_spec(tmp_path, results))
+    for seed, gain in ((0, 0.05), (1, 0.06), (2, 0.045)):
+        folders = {"better": one, "base": other if seed == 2 else same}
+        for arm, g in (("better", gain), ("base", 0.0)):
+            compare.write_json(spec.path(arm, seed), {**fake_record(spec, arm, seed, None, g),
+                                                      "task": compare.task_build(f"[launcher] task: {folders[arm]}")})
+    kept = compare.records(spec)
+    assert compare.different_builds(kept, "better", "base") == [2]
+    pair = compare.compare_pair(spec, compare.values(spec, kept), "better", "base", "last", kept)
+    assert pair["verdict"] == "no verdict (task builds differ at seed 2)"
+    kept[("base", 2)]["task"] = None  # a record that names no build pairs with any
+    assert compare.compare_pair(spec, compare.values(spec, kept), "better", "base", "last", kept)["verdict"] == "win"
+
+
 def test_report_reproduces_the_committed_arithmetic_verdicts():
     spec = compare.load_spec(compare.spec_path("arith"))
     vals = compare.values(spec, compare.records(spec))
@@ -211,6 +241,7 @@ def test_a_fake_run_is_recorded_with_its_command_code_version_and_metrics(tmp_pa
     assert "+gain=0.05" in record["command"] and "data.seed=1" in record["command"]
     assert not any(word.startswith("/") for word in record["command"].split())
     assert len(record["code_version"]["commit"]) == 40 and isinstance(record["code_version"]["dirty"], bool)
+    assert record["task"] is None  # the fake launcher names no task folder
 
 
 @pytest.mark.slow

@@ -191,6 +191,7 @@ fi
 WORK_DIR=${WORK_DIR:-$repo/$default_work_dir}
 mkdir -p "$WORK_DIR"
 WORK_DIR=$(cd "$WORK_DIR" && pwd)
+echo "[launcher] task: $WORK_DIR"  # benchmarks/compare.py reads which build of the task a run trained on
 N_RANKS=${N_RANKS:-1}
 if ! [[ "$N_RANKS" =~ ^[1-9][0-9]*$ ]] || [ $((rank_unit % N_RANKS)) -ne 0 ]; then
   echo "common.sh: N_RANKS='$N_RANKS' must be a positive integer dividing $rank_unit (the $spec_name task's smallest" \
