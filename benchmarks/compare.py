@@ -401,8 +401,12 @@ def task_build(output: str) -> Optional[dict[str, Any]]:
     no key file. ``prepare`` gives another warm start on a CPU with other float kernels (docs/results.md, "The
     bench"), so two runs are paired only on one build."""
     found = TASK_LINE.findall(output)
-    folder = Path(found[-1]) if found else None
-    if folder is None or not (folder / "data" / "prepare.json").is_file():
+    return folder_build(Path(found[-1])) if found else None
+
+
+def folder_build(folder: Path) -> Optional[dict[str, Any]]:
+    """:func:`task_build` of the task folder ``folder``; None when it holds no key file."""
+    if not (folder / "data" / "prepare.json").is_file():
         return None
     digest = hashlib.sha256()
     for path in sorted(p for pattern in TASK_FILES for p in folder.glob(pattern)):
@@ -457,12 +461,29 @@ def pending(spec: Spec, worker: tuple[int, int] = (1, 1), retry_failed: bool = F
     return [run for run in mine if not finished(read_json(spec.path(*run)), retry_failed)]
 
 
+def check_same_build(spec: Spec) -> None:
+    """SystemExit naming both builds when the spec's task folder (its ``WORK_DIR``, where it gives one and the folder
+    is built) is another build of the task than one its kept records name: its new runs could pair with none of them."""
+    work_dir = spec.env.get("WORK_DIR")
+    here = folder_build(Path(str(work_dir).replace("{repo}", str(REPO)))) if work_dir else None
+    if here is None:
+        return
+    other = sorted({b["fingerprint"] for r in records(spec).values() if (b := r.get("task"))} - {here["fingerprint"]})
+    if other:
+        raise SystemExit(f"[compare {spec.name}] WORK_DIR {work_dir} holds build {here['fingerprint']} of the task (warm "
+                         f"start {here['warm_start']}), but the spec's records were made on {', '.join(other)}: runs on "
+                         "two builds pair into no verdict. Run it where that build is, or give the spec a new results "
+                         "folder.")
+
+
 def run_spec(spec: Spec, worker: tuple[int, int] = (1, 1), retry_failed: bool = False,
              runner: Callable[[Spec, str, int, Path], dict] = run_one, runs_dir: Optional[Path] = None,
              log: Callable[[str], Any] = print) -> int:
     """Run the pending runs of ``worker``, each record written as its run ends; returns how many ran."""
     runs_dir = runs_dir or REPO / "runs" / "compare" / spec.name
     todo = pending(spec, worker, retry_failed)
+    if todo:
+        check_same_build(spec)
     log(f"[compare {spec.name}] worker {worker[0]}/{worker[1]}: {len(todo)} runs to run")
     ran = 0
     for arm, seed in todo:

@@ -211,6 +211,21 @@ def test_a_record_names_its_task_build_and_a_pair_on_two_builds_gets_no_verdict(
     assert compare.compare_pair(spec, compare.values(spec, kept), "better", "base", "last", kept)["verdict"] == "win"
 
 
+def test_a_sweep_refuses_to_add_runs_on_another_build_than_its_records(tmp_path, results):
+    here, before = _task_folder(tmp_path / "here", b"w1"), _task_folder(tmp_path / "before", b"w2")
+    spec = compare.load_spec(write_spec(tmp_path, results, env={"WORK_DIR": str(here)}))
+    ran = []
+    runner = lambda spec, arm, seed, runs_dir: ran.append((arm, seed)) or fake_record(spec, arm, seed, runs_dir)
+    compare.write_json(spec.path("base", 0), {**fake_record(spec, "base", 0, None),
+                                              "task": compare.folder_build(before)})
+    with pytest.raises(SystemExit, match=f"holds build {compare.folder_build(here)['fingerprint']} .* made on "
+                                         f"{compare.folder_build(before)['fingerprint']}"):
+        compare.run_spec(spec, runner=runner, log=lambda m: None)
+    assert ran == []
+    compare.write_json(spec.path("base", 0), {**fake_record(spec, "base", 0, None), "task": compare.folder_build(here)})
+    assert compare.run_spec(spec, runner=runner, log=lambda m: None) == 5 and len(ran) == 5
+
+
 def test_report_reproduces_the_committed_arithmetic_verdicts():
     spec = compare.load_spec(compare.spec_path("arith"))
     vals = compare.values(spec, compare.records(spec))
