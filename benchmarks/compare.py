@@ -11,10 +11,11 @@ steps, the metrics read from verl's per-step log lines, and the registered pairs
 one JSON record ``RESULTS/ARM-seedSEED.json``, written atomically when the run ends and skipped when present, so an
 interrupted sweep resumes where it stopped. A record carries the run's exact command (paths relative to the
 repository), the code version (commit, ``git describe`` and whether the tree was dirty), the build of the task it
-trained on (:func:`task_build`), its status and verl's metrics per step. A run whose output shows no progress for the spec's ``stall_seconds`` (e.g. a Ray worker killed
-by the memory monitor leaves verl's agent loop waiting forever, printing only its once-a-minute status line) is
-killed and recorded as failed with the reason;
-the sweep goes on. ``--retry-failed`` runs the failed ones again.
+trained on (:func:`folder_build`), its status and verl's metrics per step. A run whose output shows no progress for
+the spec's ``stall_seconds`` (e.g. a Ray worker killed by the memory monitor leaves verl's agent loop waiting
+forever, printing only its once-a-minute status line) is killed and recorded as failed with the reason; the sweep
+goes on. ``--retry-failed`` runs the failed ones again. ``--run`` refuses to add runs on another build of the task
+than the spec's records name (:func:`check_same_build`).
 
 The report applies the comparison rule of :mod:`stats` to every pair and metric: the mean paired difference, its
 paired standard error, the 80%-detectable difference at the observed paired SD, the run's rise (where the metric
@@ -315,8 +316,13 @@ def command(spec: Spec, arm_name: str, seed: int, checkpoint_dir: str) -> tuple[
     overrides = arm.overrides if is_start else (*spec.overrides, *arm.overrides)
     args = [*arm.launcher, f"trainer.total_training_steps={steps}", *(o.format(**fill) for o in overrides),
             f"trainer.default_local_dir={checkpoint_dir}"]
-    env = {key: str(value).replace("{repo}", str(REPO)) for key, value in {**spec.env, **arm.env}.items()}
+    env = {key: _in_repo(value) for key, value in {**spec.env, **arm.env}.items()}
     return args, env
+
+
+def _in_repo(value: Any) -> str:
+    """An env value of a spec with ``{repo}`` made the repository root."""
+    return str(value).replace("{repo}", str(REPO))
 
 
 @dataclass
@@ -395,17 +401,17 @@ TASK_FILES = ("model/*.safetensors", "model/*.bin", "data/*.parquet")
 
 
 def task_build(output: str) -> Optional[dict[str, Any]]:
-    """Which build of the task a run trained on: ``{"fingerprint": sha256 of the weights and data files
-    (:data:`TASK_FILES`), 12 hex digits, "warm_start": what the key file says its warm start measured}`` of the
-    folder the launcher names in ``output`` (:data:`TASK_LINE`); None when the output names none or the folder holds
-    no key file. ``prepare`` gives another warm start on a CPU with other float kernels (docs/results.md, "The
-    bench"), so two runs are paired only on one build."""
+    """:func:`folder_build` of the task folder the launcher names in a run's ``output`` (:data:`TASK_LINE`); None
+    when it names none."""
     found = TASK_LINE.findall(output)
     return folder_build(Path(found[-1])) if found else None
 
 
 def folder_build(folder: Path) -> Optional[dict[str, Any]]:
-    """:func:`task_build` of the task folder ``folder``; None when it holds no key file."""
+    """Which build of the task the folder ``folder`` holds: ``{"fingerprint": sha256 of the weights and data files
+    (:data:`TASK_FILES`), 12 hex digits, "warm_start": what the key file says its warm start measured}``; None when
+    it holds no key file. ``prepare`` gives another warm start on a CPU with other float kernels (docs/results.md,
+    "The bench"), so two runs are paired only on one build."""
     if not (folder / "data" / "prepare.json").is_file():
         return None
     digest = hashlib.sha256()
@@ -465,10 +471,10 @@ def check_same_build(spec: Spec) -> None:
     """SystemExit naming both builds when the spec's task folder (its ``WORK_DIR``, where it gives one and the folder
     is built) is another build of the task than one its kept records name: its new runs could pair with none of them."""
     work_dir = spec.env.get("WORK_DIR")
-    here = folder_build(Path(str(work_dir).replace("{repo}", str(REPO)))) if work_dir else None
+    here = folder_build(Path(_in_repo(work_dir))) if work_dir else None
     if here is None:
         return
-    other = sorted({b["fingerprint"] for r in records(spec).values() if (b := r.get("task"))} - {here["fingerprint"]})
+    other = sorted({b for r in records(spec).values() if (b := fingerprint(r))} - {here["fingerprint"]})
     if other:
         raise SystemExit(f"[compare {spec.name}] WORK_DIR {work_dir} holds build {here['fingerprint']} of the task (warm "
                          f"start {here['warm_start']}), but the spec's records were made on {', '.join(other)}: runs on "
@@ -544,14 +550,17 @@ def values(spec: Spec, kept: dict[tuple[str, int], dict]) -> dict[str, dict[str,
     return out
 
 
-def different_builds(kept: dict[tuple[str, int], dict], arm: str, base: str) -> list[int]:
-    """The seeds at which the records of ``arm`` and ``base`` name different builds of the task (:func:`task_build`;
-    a record that names none pairs with any)."""
-    def build(a: str, s: int) -> Optional[str]:
-        return ((kept.get((a, s)) or {}).get("task") or {}).get("fingerprint")
+def fingerprint(record: dict) -> Optional[str]:
+    """The fingerprint of the task build a record names (:func:`folder_build`), None where it names none."""
+    return (record.get("task") or {}).get("fingerprint")
 
+
+def different_builds(kept: dict[tuple[str, int], dict], arm: str, base: str) -> list[int]:
+    """The seeds at which the records of ``arm`` and ``base`` name different builds of the task (a record that names
+    none pairs with any)."""
     seeds = sorted({s for a, s in kept if a == arm} & {s for a, s in kept if a == base})
-    return [s for s in seeds if build(arm, s) and build(base, s) and build(arm, s) != build(base, s)]
+    builds = [(s, fingerprint(kept[(arm, s)]), fingerprint(kept[(base, s)])) for s in seeds]
+    return [s for s, a, b in builds if a and b and a != b]
 
 
 def compare_pair(spec: Spec, vals: dict, arm: str, base: str, metric: str,
