@@ -6,6 +6,7 @@ random Qwen2s built here (no downloads)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import threading
 from types import SimpleNamespace
@@ -111,6 +112,32 @@ def test_each_request_stops_at_its_own_eos_and_budget():
     assert [len(c.token_ids) for c in short] == [10, 2]
 
 
+def test_rows_that_join_a_running_batch_decode_as_they_would_alone():
+    """Continuous batching: rows join between steps (prefilled, their cache left-padded into the running one)
+    and leave when they stop; every row's greedy reply and log-probs equal its own unbatched run, and the cache
+    columns only departed rows attended to are dropped."""
+    model = cpu_utils.tiny_qwen2()
+    long_prompt, short, medium, late = _requests([14, 3, 5, 4], max_tokens=8)
+    long_prompt, short = dataclasses.replace(long_prompt, max_tokens=3), dataclasses.replace(short, max_tokens=2)
+    running = generation.RunningBatch(model, [], cpu_utils.PAD_ID)
+    running.admit([("long", long_prompt), ("short", short)])
+    done = dict(running.step())
+    running.admit([("medium", medium)])
+    assert len(running) == 3 and running._mask.shape[1] == 15, "joined rows are left-padded to the batch's width"
+    for _ in range(2):
+        done.update(running.step())
+    assert set(done) == {"long", "short"} and len(running) == 1
+    assert running._mask.shape[1] == 5 + 2, "the columns of the departed rows' prompts are dropped"
+    running.admit([("late", late)])
+    while len(running):
+        done.update(running.step())
+    for key, request in {"long": long_prompt, "short": short, "medium": medium, "late": late}.items():
+        alone = generate_batch(model, [request], [], cpu_utils.PAD_ID)[0]
+        assert done[key].token_ids == alone.token_ids and len(alone.token_ids) == request.max_tokens, key
+        assert done[key].log_probs == pytest.approx(alone.log_probs, abs=1e-5), key
+    assert running.step() == [] and running.accepts_joins()
+
+
 # ----------------------------------------------------------------------------------------------------
 # the device: every tensor and the seeded generator on the trainer's device, CPU results unchanged
 
@@ -162,13 +189,19 @@ def test_server_puts_model_and_generator_on_its_device(monkeypatch):
     server = HFRolloutServer(OmegaConf.create({"prompt_length": 32, "response_length": 6, "seed": 4}),
                                      None, replica_rank=1, model=model, device_type="cpu")
     assert server.device == torch.device("cpu") and server.generator.device == torch.device("cpu")
-    requests = _requests([3, 6], max_tokens=5, temperature=1.0)
+    requests = _requests([3, 6], max_tokens=6, temperature=1.0)  # the config's response_length
     expected = generate_batch(model, requests, server.eos_token_ids, server.pad_token_id,
                               torch.Generator().manual_seed(5))
-    assert server._generate(requests) == expected
     seen = []
-    monkeypatch.setattr(server_module, "generate_batch", lambda *args, **kwargs: seen.append(kwargs["device"]) or [])
-    server._generate(requests)
+
+    class _Recorded(generation.RunningBatch):
+        def __init__(self, *args, **kwargs):
+            seen.append(kwargs["device"])
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(server_module, "RunningBatch", _Recorded)
+    outputs = asyncio.run(_send(server, requests, {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True}))
+    assert [(o.token_ids, o.log_probs) for o in outputs] == [(c.token_ids, c.log_probs) for c in expected]
     assert seen == [torch.device("cpu")], "the server must hand its device to the generation"
     if not torch.cuda.is_available():
         with pytest.raises(RuntimeError, match="sees no cuda device"):
@@ -220,6 +253,14 @@ def test_sampling_params_the_rollout_cannot_apply_are_refused_or_reported(caplog
     assert any("presence_penalty_test_key" in record.getMessage() for record in caplog.records)
 
 
+async def _send(server, requests, params):
+    """Send ``requests`` to ``server`` concurrently with ``params`` (a dict, or a function of the request's
+    position); their ``TokenOutput``s in order."""
+    return await asyncio.gather(*[
+        server.generate(str(i), list(r.prompt_ids), params(i) if callable(params) else dict(params))
+        for i, r in enumerate(requests)])
+
+
 def _server(model, **config):
     settings = {"prompt_length": 32, "response_length": 6, "seed": 0, "max_num_seqs": 64, **config}
     return HFRolloutServer(OmegaConf.create(settings), None, model=model)
@@ -230,13 +271,8 @@ def test_server_batches_concurrent_requests_into_one_generate():
     server = _server(model)
     requests = _requests([3, 9, 5, 12, 4, 6], max_tokens=6)
 
-    async def send_all():
-        return await asyncio.gather(*[
-            server.generate(str(i), list(r.prompt_ids), {"temperature": 0, "top_p": 1.0, "top_k": -1,
-                                                         "logprobs": i % 2 == 0})
-            for i, r in enumerate(requests)])
-
-    outputs = asyncio.run(send_all())
+    outputs = asyncio.run(_send(server, requests, lambda i: {"temperature": 0, "top_p": 1.0, "top_k": -1,
+                                                              "logprobs": i % 2 == 0}))
     assert server.batch_sizes == [6], "six concurrent requests must be generated as one batch"
     alone = generate_batch(model, requests, [cpu_utils.EOS_ID], cpu_utils.PAD_ID)
     for i, (out, expected) in enumerate(zip(outputs, alone)):
@@ -262,6 +298,108 @@ class _GatedModel(torch.nn.Module):
             if not self.release.wait(timeout=120):
                 raise TimeoutError("the test never released the paused forward pass")
         return self.model(**kwargs)
+
+
+class _RowCountingModel(torch.nn.Module):
+    """A causal LM that records the (rows, positions) of each forward pass's input."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model, self.shapes = model, []
+        self.generation_config, self.config = model.generation_config, model.config
+
+    def forward(self, **kwargs):
+        self.shapes.append(tuple(kwargs["input_ids"].shape))
+        return self.model(**kwargs)
+
+
+def test_a_request_that_arrives_mid_batch_joins_it_before_its_next_step():
+    """A request sent while a batch decodes is prefilled alone and then decoded in the same forward passes as the
+    running rows (3 rows a step), not after them; every reply equals the request's unbatched run."""
+    model = cpu_utils.tiny_qwen2()
+    counting = _RowCountingModel(model)
+    gated = _GatedModel(counting, pause_at=3)
+    server = _server(gated, response_length=8, ignore_eos=True)
+    requests = _requests([3, 6, 4], max_tokens=8)
+    greedy = {"temperature": 0, "top_p": 1.0, "top_k": -1, "logprobs": True}
+
+    async def scenario():
+        first = [asyncio.create_task(server.generate(str(i), list(r.prompt_ids), greedy))
+                 for i, r in enumerate(requests[:2])]
+        assert await asyncio.to_thread(gated.reached.wait, 120), "the batch never reached its third forward pass"
+        late = asyncio.create_task(server.generate("late", list(requests[2].prompt_ids), greedy))
+        await asyncio.sleep(0)
+        gated.release.set()
+        return await asyncio.gather(*first, late)
+
+    outputs = asyncio.run(scenario())
+    assert server.batch_sizes == [2, 1], "the first two requests' prefill, then the late one's"
+    assert counting.shapes[3] == (1, 4), "the late request is prefilled right after the step it arrived in"
+    assert (3, 1) in counting.shapes, "the late request must decode in the running batch's steps"
+    # 2 prefills, the 7 decoding steps of the first rows (the late row in the last 6) and the late row's last 2:
+    # 11 forward passes, where decoding it after the batch would take 16
+    assert len(counting.shapes) == 11
+    for out, request in zip(outputs, requests):
+        alone = generate_batch(model, [request], [], cpu_utils.PAD_ID)[0]
+        assert out.token_ids == alone.token_ids and out.log_probs == pytest.approx(alone.log_probs, abs=1e-5)
+
+
+def test_a_cache_that_cannot_merge_makes_late_requests_wait_for_the_batch(monkeypatch):
+    """Where the model's cache is not the plain dynamic one, a request that arrives mid-batch is decoded after the
+    batch (16 forward passes, not 11), and a direct ``admit`` into a running batch is refused."""
+    monkeypatch.setattr(generation, "_mergeable", lambda cache: False)
+    counting = _RowCountingModel(cpu_utils.tiny_qwen2())
+    gated = _GatedModel(counting, pause_at=3)
+    server = _server(gated, response_length=8, ignore_eos=True)
+    requests = _requests([3, 6, 4], max_tokens=8)
+    greedy = {"temperature": 0, "top_p": 1.0, "top_k": -1}
+
+    async def scenario():
+        first = [asyncio.create_task(server.generate(str(i), list(r.prompt_ids), greedy))
+                 for i, r in enumerate(requests[:2])]
+        assert await asyncio.to_thread(gated.reached.wait, 120), "the batch never reached its third forward pass"
+        late = asyncio.create_task(server.generate("late", list(requests[2].prompt_ids), greedy))
+        await asyncio.sleep(0)
+        gated.release.set()
+        return await asyncio.gather(*first, late)
+
+    outputs = asyncio.run(scenario())
+    assert server.batch_sizes == [2, 1] and len(counting.shapes) == 16 and (3, 1) not in counting.shapes
+    assert [len(o.token_ids) for o in outputs] == [8, 8, 8]
+    running = generation.RunningBatch(counting, [], cpu_utils.PAD_ID)
+    running.admit([(0, requests[0])])
+    with pytest.raises(RuntimeError, match="cannot take rows while others decode"):
+        running.admit([(1, requests[1])])
+
+
+class _FailingModel(torch.nn.Module):
+    """A causal LM whose ``fail_at``-th forward pass raises."""
+
+    def __init__(self, model, fail_at: int):
+        super().__init__()
+        self.model, self.fail_at, self.calls = model, fail_at, 0
+        self.generation_config, self.config = model.generation_config, model.config
+
+    def forward(self, **kwargs):
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise RuntimeError("forward pass failed on purpose")
+        return self.model(**kwargs)
+
+
+def test_a_failed_batch_answers_every_caller_with_the_error_and_the_server_goes_on():
+    server = _server(_FailingModel(cpu_utils.tiny_qwen2(), fail_at=2), response_length=4, ignore_eos=True)
+    requests = _requests([3, 6], max_tokens=4)
+    greedy = {"temperature": 0, "top_p": 1.0, "top_k": -1}
+
+    async def scenario():
+        failed = await asyncio.gather(*[server.generate(str(i), list(r.prompt_ids), greedy)
+                                        for i, r in enumerate(requests)], return_exceptions=True)
+        return failed, await server.generate("after", list(requests[0].prompt_ids), greedy)
+
+    failed, after = asyncio.run(scenario())
+    assert all(isinstance(e, RuntimeError) and "on purpose" in str(e) for e in failed)
+    assert after.stop_reason == "completed" and len(after.token_ids) == 4
 
 
 def test_abort_stops_running_answers_waiting_and_holds_new_until_resume():

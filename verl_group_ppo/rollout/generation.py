@@ -1,23 +1,25 @@
 """Batched token-in/token-out sampling with a Hugging Face causal LM (the compute behind the ``hf`` rollout).
 
-One call of :func:`generate_batch` runs a batch of prompts, left-padded as verl lays them out
-(:func:`verl_group_ppo.critic_readout.left_pad`), through the model with a KV cache, one decoding step for
-all rows at a time. Each row keeps its own sampling settings (temperature, top-p, top-k, token budget) and
-stops at its own EOS. For every sampled token it returns the token id and
-the log-probability of that token, as verl's rollout servers do (``TokenOutput.log_probs``).
+A :class:`RunningBatch` holds prompts left-padded as verl lays them out
+(:func:`verl_group_ppo.critic_readout.left_pad`) and runs them through the model with a KV cache, one decoding
+step for all rows at a time; requests join it between steps (their prompts prefilled and merged into the cache) and
+leave it as soon as they stop (continuous batching). :func:`generate_batch` runs one list of requests to the end.
+Each row keeps its own sampling settings (temperature, top-p, top-k, token budget) and stops at its own EOS. For
+every sampled token it returns the token id and the log-probability of that token, as verl's rollout servers do
+(``TokenOutput.log_probs``).
 
 Log-probabilities follow ``actor_rollout_ref.rollout.logprobs_mode``: ``processed_logprobs`` (verl's
 default) is the log-probability under the distribution the token was sampled from (logits divided by the
 temperature, then top-k/top-p filtered and renormalised); ``raw_logprobs`` is the log-softmax of the
 model's logits. Greedy rows (temperature 0) report the raw log-probability of the argmax token.
 
-The batch runs on the model's device, CPU or an accelerator, and a seeded sampler's ``torch.Generator`` must
+A batch runs on the model's device, CPU or an accelerator, and a seeded sampler's ``torch.Generator`` must
 live on that same device (:func:`check_generator_device`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
@@ -136,78 +138,204 @@ def resolve_device(model: Any, device: Optional[Device]) -> torch.device:
     return model_device
 
 
-def _settings(requests: Sequence[SamplingRequest]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-row (temperature [B] float, top_k [B] int64, top_p [B] float, max_tokens [B] int64)."""
+def _settings(requests: Sequence[SamplingRequest]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-row (temperature [B] float, top_k [B] int64, top_p [B] float)."""
     return (torch.tensor([r.temperature for r in requests], dtype=torch.float32),
             torch.tensor([r.top_k for r in requests], dtype=torch.long),
-            torch.tensor([r.top_p for r in requests], dtype=torch.float32),
-            torch.tensor([r.max_tokens for r in requests], dtype=torch.long))
+            torch.tensor([r.top_p for r in requests], dtype=torch.float32))
 
 
-@torch.no_grad()
 def generate_batch(model: Any, requests: Sequence[SamplingRequest], eos_token_ids: Sequence[int], pad_token_id: int,
                    generator: Optional[torch.Generator] = None, logprobs_mode: str = "processed_logprobs",
                    should_abort: Optional[Callable[[], bool]] = None,
                    device: Optional[Device] = None) -> list[Completion]:
-    """Generate the responses of ``requests`` as one left-padded batch through ``model`` (an HF causal LM).
+    """Generate the responses of ``requests`` as one batch through ``model`` (an HF causal LM): a
+    :class:`RunningBatch` that all of them join at once, stepped until every row has left it.
 
-    A row stops after emitting a token in ``eos_token_ids`` (the EOS token is part of its response) or
-    after its ``max_tokens``; the loop ends when every row has stopped, or before any decoding step at which
-    ``should_abort()`` is true (rows still running are then returned as ``aborted`` with their tokens so
-    far). Returns one :class:`Completion` per request, in order.
+    A row stops after emitting a token in ``eos_token_ids`` (the EOS token is part of its response) or after its
+    ``max_tokens``; the loop ends when every row has stopped, or before any decoding step at which
+    ``should_abort()`` is true (rows still running are then returned as ``aborted`` with their tokens so far).
+    Returns one :class:`Completion` per request, in order.
 
     Every tensor of the batch lives on ``device`` (default: the model's device; the model must already be
     there), and ``generator`` must be a generator of that device (:func:`check_generator_device`).
     """
     if not requests:
         return []
-    device = resolve_device(model, device)
-    check_generator_device(generator, device)
-    input_ids, attention_mask = left_pad([r.prompt_ids for r in requests], pad_token_id)
-    input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
-    temperature, top_k, top_p, budget = (t.to(device) for t in _settings(requests))
-    eos = torch.tensor(sorted(set(eos_token_ids)), dtype=torch.long, device=device)
-    positions = position_ids(attention_mask)
-    # logits of the last position only: the prompt's other logits are never read ([B, L, V] for a real vocabulary
-    # is the largest tensor of the whole generation)
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=True,
-                logits_to_keep=1)
-    tokens, logprobs, done = [], [], torch.zeros(len(requests), dtype=torch.bool, device=device)
-    ended_at_eos, aborted = done.clone(), done.clone()
-    for step in range(int(budget.max())):
+    running = RunningBatch(model, eos_token_ids, pad_token_id, generator, logprobs_mode, device)
+    completions: dict[Any, Completion] = {}
+    running.admit(list(enumerate(requests)))
+    while len(running):
+        completions.update(running.step(should_abort))
+    return [completions[i] for i in range(len(requests))]
+
+
+@dataclass
+class _Row:
+    """One request in a :class:`RunningBatch`: the caller's key for it and the tokens sampled so far."""
+
+    key: Any
+    request: SamplingRequest
+    token_ids: list[int] = field(default_factory=list)
+    log_probs: list[float] = field(default_factory=list)
+
+
+class RunningBatch:
+    """A left-padded batch with a KV cache that requests join and leave between decoding steps (continuous
+    batching): :meth:`admit` prefills new prompts and merges them into the running rows, :meth:`step` samples one
+    token for every row, hands back the rows that stopped, and runs the rest one position further.
+
+    Each row keeps its own sampling settings (temperature, top-p, top-k, token budget) and stops at its own EOS.
+    A row that stops leaves the batch at once, and the cache columns that no remaining row attends to are dropped.
+    Rows join a batch that is already decoding only where the model's cache is the plain dynamic cache (one
+    key/value tensor per layer, no sliding window): :meth:`accepts_joins` says whether it is; otherwise new rows
+    wait until the batch is empty. Seeded sampling draws from ``generator`` for the rows present at each step, so
+    which tokens a seed gives depends on which requests ran together, as on any batching server.
+
+    Args:
+        model: an HF causal LM, already on ``device``.
+        eos_token_ids: the tokens that end a reply (kept as its last token).
+        pad_token_id: the token fed at padded positions (masked out).
+        generator: the seeded sampler's generator, on ``device``'s kind (:func:`check_generator_device`).
+        logprobs_mode: ``processed_logprobs`` or ``raw_logprobs`` (the module docstring).
+        device: where every tensor lives; default the model's device.
+    """
+
+    def __init__(self, model: Any, eos_token_ids: Sequence[int], pad_token_id: int,
+                 generator: Optional[torch.Generator] = None, logprobs_mode: str = "processed_logprobs",
+                 device: Optional[Device] = None) -> None:
+        self.model = model
+        self.device = resolve_device(model, device)
+        check_generator_device(generator, self.device)
+        if logprobs_mode not in LOGPROBS_MODES:
+            raise ValueError(f"actor_rollout_ref.rollout.logprobs_mode={logprobs_mode!r}: the hf rollout supports "
+                             f"{LOGPROBS_MODES}")
+        self.generator, self.logprobs_mode, self.pad_token_id = generator, logprobs_mode, pad_token_id
+        self.eos_set = frozenset(int(t) for t in eos_token_ids)
+        self.rows: list[_Row] = []
+        self._mask: Optional[torch.Tensor] = None  # (B, L) long: 1 where a row attends to a cache column
+        self._last_position: Optional[torch.Tensor] = None  # (B, 1) long: the position of each row's last input
+        self._settings: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None  # temperature, top_k, top_p
+        self._logits: Optional[torch.Tensor] = None  # (B, V): each row's next-token logits
+        self._cache: Any = None  # the model's past_key_values over the L columns
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def accepts_joins(self) -> bool:
+        """Whether :meth:`admit` may add rows now: the batch is empty, or its cache can be merged."""
+        return not self.rows or _mergeable(self._cache)
+
+    @torch.no_grad()
+    def admit(self, keyed_requests: Sequence[tuple[Any, SamplingRequest]]) -> None:
+        """Prefill ``keyed_requests`` ((key, request) pairs; the key comes back with the completion) as one
+        left-padded batch and add them to the running rows. Raises ``RuntimeError`` when rows are running and
+        the cache cannot be merged (:meth:`accepts_joins`)."""
+        if not keyed_requests:
+            return
+        if not self.accepts_joins():
+            raise RuntimeError(f"the model's cache ({type(self._cache).__name__}) cannot take rows while others "
+                               f"decode: admit new requests once the batch is empty")
+        requests = [request for _, request in keyed_requests]
+        input_ids, mask = left_pad([r.prompt_ids for r in requests], self.pad_token_id)
+        input_ids, mask = input_ids.to(self.device), mask.to(self.device)
+        positions = position_ids(mask)
+        # logits of the last position only: the prompt's other logits are never read ([N, L, V] for a real vocabulary
+        # is the largest tensor of the whole generation)
+        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                         logits_to_keep=1)
+        settings = tuple(t.to(self.device) for t in _settings(requests))
+        rows = [_Row(key, request) for key, request in keyed_requests]
+        if not self.rows:
+            self.rows, self._mask, self._cache = rows, mask, out.past_key_values
+            self._last_position, self._settings, self._logits = positions[:, -1:], settings, out.logits[:, -1, :]
+            return
+        width = max(self._mask.shape[1], mask.shape[1])
+        self._cache = _merged_caches(self._cache, out.past_key_values, width)
+        self._mask = torch.cat([_pad_left(self._mask, width), _pad_left(mask, width)])
+        self._last_position = torch.cat([self._last_position, positions[:, -1:]])
+        self._settings = tuple(torch.cat([old, new]) for old, new in zip(self._settings, settings))
+        self._logits = torch.cat([self._logits, out.logits[:, -1, :]])
+        self.rows += rows
+
+    @torch.no_grad()
+    def step(self, should_abort: Optional[Callable[[], bool]] = None) -> list[tuple[Any, Completion]]:
+        """Sample one token for every row; return (key, completion) for each row that stopped (at EOS or its
+        budget), remove them, and run the others one position further. When ``should_abort()`` is true no token
+        is sampled: every row returns ``aborted`` with the tokens it has, and the batch is left empty."""
+        if not self.rows:
+            return []
         if should_abort is not None and should_abort():
-            aborted = ~done
-            break
-        next_tokens, next_logprobs = sample_tokens(out.logits[:, -1, :], temperature, top_k, top_p,
-                                                   generator, logprobs_mode)
-        next_tokens = next_tokens.masked_fill(done, pad_token_id)
-        tokens.append(next_tokens)
-        logprobs.append(next_logprobs)
-        hit_eos = torch.isin(next_tokens, eos) & ~done
-        ended_at_eos |= hit_eos
-        done |= hit_eos | (budget <= step + 1)
-        if bool(done.all()):
-            break
-        attention_mask = torch.cat([attention_mask, torch.ones_like(attention_mask[:, :1])], dim=-1)
-        positions = positions[:, -1:] + 1
-        out = model(input_ids=next_tokens.unsqueeze(-1), attention_mask=attention_mask, position_ids=positions,
-                    past_key_values=out.past_key_values, use_cache=True)
-    if not tokens:
-        return [Completion([], [], stopped_at_eos=False, aborted=True) for _ in requests]
-    return _collect(torch.stack(tokens, dim=1), torch.stack(logprobs, dim=1), eos, budget, ended_at_eos, aborted)
+            stopped = [(row.key, Completion(row.token_ids, row.log_probs, stopped_at_eos=False, aborted=True))
+                       for row in self.rows]
+            self._clear()
+            return stopped
+        temperature, top_k, top_p = self._settings
+        tokens, logprobs = sample_tokens(self._logits, temperature, top_k, top_p, self.generator, self.logprobs_mode)
+        stopped, keep = [], []
+        for index, (row, token, logprob) in enumerate(zip(self.rows, tokens.tolist(), logprobs.tolist())):
+            row.token_ids.append(token)
+            row.log_probs.append(logprob)
+            at_eos = token in self.eos_set
+            if at_eos or len(row.token_ids) >= row.request.max_tokens:
+                stopped.append((row.key, Completion(row.token_ids, row.log_probs, stopped_at_eos=at_eos)))
+            else:
+                keep.append(index)
+        if not keep:
+            self._clear()
+            return stopped
+        if len(keep) < len(self.rows):
+            self._select(keep)
+            tokens = tokens[torch.tensor(keep, device=self.device)]
+        self._mask = torch.cat([self._mask, torch.ones_like(self._mask[:, :1])], dim=1)
+        self._last_position = self._last_position + 1
+        out = self.model(input_ids=tokens.unsqueeze(-1), attention_mask=self._mask, position_ids=self._last_position,
+                         past_key_values=self._cache, use_cache=True)
+        self._cache, self._logits = out.past_key_values, out.logits[:, -1, :]
+        return stopped
+
+    def _select(self, keep: list[int]) -> None:
+        """Keep the rows at ``keep`` (ascending) and drop the cache columns none of them attends to."""
+        index = torch.tensor(keep, device=self.device)
+        self.rows = [self.rows[i] for i in keep]
+        self._mask, self._last_position = self._mask[index], self._last_position[index]
+        self._logits = self._logits[index]
+        self._settings = tuple(t[index] for t in self._settings)
+        self._cache.batch_select_indices(index)
+        unused = int(self._mask.any(dim=0).long().argmax())  # leading columns that are padding in every row
+        if unused and _mergeable(self._cache):
+            self._mask = self._mask[:, unused:]
+            for layer in self._cache.layers:
+                layer.keys, layer.values = layer.keys[..., unused:, :], layer.values[..., unused:, :]
+
+    def _clear(self) -> None:
+        self.rows = []
+        self._mask = self._last_position = self._settings = self._logits = self._cache = None
 
 
-def _collect(tokens: torch.Tensor, logprobs: torch.Tensor, eos: torch.Tensor, budget: torch.Tensor,
-             ended_at_eos: torch.Tensor, aborted: torch.Tensor) -> list[Completion]:
-    """Cut each row of ``tokens``/``logprobs`` [B, T] after its first EOS or at its budget (an aborted row
-    keeps the T tokens it has)."""
-    completions = []
-    for row in range(tokens.shape[0]):
-        row_tokens = tokens[row]
-        length = int(budget[row].clamp(max=tokens.shape[1]))
-        if bool(ended_at_eos[row]):
-            length = int(torch.isin(row_tokens, eos).nonzero()[0]) + 1
-        completions.append(Completion(token_ids=row_tokens[:length].tolist(),
-                                      log_probs=logprobs[row, :length].tolist(),
-                                      stopped_at_eos=bool(ended_at_eos[row]), aborted=bool(aborted[row])))
-    return completions
+def _mergeable(cache: Any) -> bool:
+    """Whether ``cache`` is a transformers dynamic cache of plain layers (one growing key/value tensor
+    (B, heads, L, dim) each): rows can then be added and leading columns dropped by editing those tensors."""
+    try:
+        from transformers.cache_utils import DynamicLayer
+    except ImportError:  # a transformers whose caches hold per-layer lists: rows join only an empty batch
+        return False
+    layers = getattr(cache, "layers", None)
+    return bool(layers) and all(type(layer) is DynamicLayer and layer.is_initialized for layer in layers)
+
+
+def _pad_left(x: torch.Tensor, width: int) -> torch.Tensor:
+    """``x`` (N, ..., L, dim) or a mask (N, L) with zero columns prepended along its sequence axis to ``width``."""
+    missing = width - (x.shape[1] if x.dim() == 2 else x.shape[-2])
+    if missing == 0:
+        return x
+    pad = (missing, 0) if x.dim() == 2 else (0, 0, missing, 0)
+    return torch.nn.functional.pad(x, pad)
+
+
+def _merged_caches(running: Any, joining: Any, width: int) -> Any:
+    """``running``'s cache with ``joining``'s rows appended, both left-padded to ``width`` columns."""
+    for layer, new in zip(running.layers, joining.layers):
+        layer.keys = torch.cat([_pad_left(layer.keys, width), _pad_left(new.keys, width)])
+        layer.values = torch.cat([_pad_left(layer.values, width), _pad_left(new.values, width)])
+    return running

@@ -1,11 +1,11 @@
-"""The ``hf`` rollout's server: a Ray actor that serves the agent loop's ``generate`` calls in batches.
+"""The ``hf`` rollout's server: a Ray actor that serves the agent loop's ``generate`` calls by continuous batching.
 
-verl's agent loop calls ``generate`` (token-in/token-out) concurrently; the server gathers the waiting requests
-(until no new one arrived for ``gather_window_s``, at most ``max_gather_s``) and generates them as one
-left-padded batch (:func:`verl_group_ppo.rollout.generation.generate_batch`), answering each with a
-``TokenOutput``. It generates on the trainer's device kind (:mod:`~verl_group_ppo.rollout.model`), pauses and
-resumes for verl's partial rollout, and takes the actor's weights from the adapter in buckets
-(:meth:`HFRolloutServer.load_weights`).
+verl's agent loop calls ``generate`` (token-in/token-out) concurrently; the server gathers the first requests
+(until no new one arrived for ``gather_window_s``, at most ``max_gather_s``) into a running batch
+(:class:`verl_group_ppo.rollout.generation.RunningBatch`); requests that arrive while it decodes join it before its
+next step, and each is answered with a ``TokenOutput`` as soon as its own reply stops. It generates on the
+trainer's device kind (:mod:`~verl_group_ppo.rollout.model`), pauses and resumes for verl's partial rollout, and
+takes the actor's weights from the adapter in buckets (:meth:`HFRolloutServer.load_weights`) between batches.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any, Optional, Union
 import torch
 
 from verl.workers.rollout.replica import TokenOutput
-from verl_group_ppo.rollout.generation import Completion, SamplingRequest, generate_batch
+from verl_group_ppo.rollout.generation import Completion, RunningBatch, SamplingRequest
 from verl_group_ppo.rollout.model import eos_and_pad, load_causal_lm, server_device, visible_device_count
 from verl_group_ppo.rollout.requests import config_value, to_sampling_request
 
@@ -47,7 +47,7 @@ class _WeightUpdate:
 
 
 class HFRolloutServer:
-    """A rollout server (run as a Ray actor) that batches concurrent ``generate`` calls.
+    """A rollout server (run as a Ray actor) that decodes concurrent ``generate`` calls as one running batch.
 
     Partial rollout (verl's async trainers): :meth:`abort_all_requests` answers waiting requests at once and
     stops the running batch before its next token, each as ``stop_reason="aborted"`` with the tokens it
@@ -56,11 +56,11 @@ class HFRolloutServer:
 
     Args:
         config: the rollout config (``RolloutConfig`` or its DictConfig): lengths, ``seed``,
-            ``max_num_seqs`` (largest batch), ``logprobs_mode``, ``ignore_eos``.
+            ``max_num_seqs`` (most rows decoding at once), ``logprobs_mode``, ``ignore_eos``.
         model_config: the actor model config (``path``, ``override_config``, ``trust_remote_code``).
         replica_rank: this replica's rank (seeds the sampler with ``seed + replica_rank``).
-        gather_window_s: a batch closes once no new request arrived for this long...
-        max_gather_s: ...or this long after its first request arrived, or when it holds ``max_num_seqs``.
+        gather_window_s: an idle server starts decoding once no new request arrived for this long...
+        max_gather_s: ...or this long after the first request arrived, or when ``max_num_seqs`` wait.
         model: an already-built causal LM to serve instead of loading ``model_config.path`` (tests).
         device_type: the device kind to generate on (``cpu``, ``cuda``; see
             :func:`~verl_group_ppo.rollout.model.server_device`); the model and the seeded sampler's generator
@@ -83,7 +83,7 @@ class HFRolloutServer:
         self.max_batch_size = int(config_value(config, "max_num_seqs", 256))
         self.logprobs_mode = str(config_value(config, "logprobs_mode", "processed_logprobs"))
         self.global_steps: Optional[int] = None
-        self.batch_sizes: list[int] = []
+        self.batch_sizes: list[int] = []  # the requests that joined at each prefill, in order
         self._pending: list[_Pending] = []
         self._loop_state: Optional[_LoopState] = None
         self._paused, self._reject, self._aborting = False, False, False
@@ -130,20 +130,14 @@ class HFRolloutServer:
         return await pending.future
 
     async def _serve_batches(self) -> None:
-        """Forever: wait for requests, gather a batch, generate it off the event loop, answer each caller."""
+        """Forever: wait for requests, gather the first ones, and decode them as a running batch that later
+        requests join between steps (:meth:`_decode`); the model lock is held while any row runs."""
         state = self._state
         while True:
             await state.arrived.wait()
-            batch = await self._gather()
-            try:
-                async with state.model_lock:
-                    steps = self.global_steps
-                    completions = await asyncio.to_thread(self._generate, [p.request for p in batch])
-            except Exception as exc:  # noqa: BLE001 - every waiting caller gets the error
-                logger.error("hf rollout: batch of %d failed: %s", len(batch), exc, exc_info=exc)
-                _answer(batch, exc)
-                continue
-            _answer(batch, [(completion, steps) for completion in completions])
+            first = await self._gather()
+            async with state.model_lock:
+                await self._decode(first)
 
     async def _gather(self) -> list[_Pending]:
         """Wait until the arrivals pause (or the window or batch is full), then take up to a batch."""
@@ -152,18 +146,51 @@ class HFRolloutServer:
                and time.monotonic() - start < self.max_gather_s):
             seen = len(self._pending)
             await asyncio.sleep(self.gather_window_s)
-        batch, self._pending = self._pending[:self.max_batch_size], self._pending[self.max_batch_size:]
+        return self._take(self.max_batch_size)
+
+    def _take(self, room: int) -> list[_Pending]:
+        """Up to ``room`` waiting requests, oldest first, taken off the queue."""
+        taken, self._pending = self._pending[:room], self._pending[room:]
         if not self._pending:
             self._state.arrived.clear()
-        return batch
+        return taken
 
-    def _generate(self, requests: list[SamplingRequest]) -> list[Completion]:
-        """Run one batch through the model (in a worker thread); an abort stops it before its next token."""
-        if not requests:
+    async def _decode(self, joining: list[_Pending]) -> None:
+        """Run a :class:`~verl_group_ppo.rollout.generation.RunningBatch` until no row is left: before each
+        decoding step (run off the event loop) the requests that arrived meanwhile join it, up to ``max_num_seqs``
+        rows, and every row that stopped is answered at once. An abort stops every row before its next token."""
+        steps = self.global_steps
+        running = RunningBatch(self.model, self.eos_token_ids, self.pad_token_id, self.generator,
+                               self.logprobs_mode, device=self.device)
+        callers: dict[int, _Pending] = {}
+        try:
+            while joining or len(running):
+                for pending in joining:
+                    callers[id(pending)] = pending
+                if joining:
+                    self.batch_sizes.append(len(joining))
+                stopped = await asyncio.to_thread(self._advance, running,
+                                                  [(id(p), p.request) for p in joining])
+                _answer([callers.pop(key) for key, _ in stopped], [(c, steps) for _, c in stopped])
+                joining = self._joiners(running)
+        except Exception as exc:  # noqa: BLE001 - every caller of the batch gets the error
+            waiting = list(callers.values()) + [p for p in joining if id(p) not in callers]
+            logger.error("hf rollout: batch of %d failed: %s", len(waiting), exc, exc_info=exc)
+            _answer(waiting, exc)
+
+    def _joiners(self, running: RunningBatch) -> list[_Pending]:
+        """The waiting requests that join ``running`` before its next step: up to ``max_num_seqs`` rows in all;
+        none during an abort, or while its cache cannot take rows (:meth:`RunningBatch.accepts_joins`)."""
+        room = self.max_batch_size - len(running)
+        if self._aborting or room <= 0 or not self._pending or not running.accepts_joins():
             return []
-        self.batch_sizes.append(len(requests))
-        return generate_batch(self.model, requests, self.eos_token_ids, self.pad_token_id, self.generator,
-                              self.logprobs_mode, should_abort=lambda: self._aborting, device=self.device)
+        return self._take(room)
+
+    def _advance(self, running: RunningBatch,
+                 joining: list[tuple[int, SamplingRequest]]) -> list[tuple[int, Completion]]:
+        """In a worker thread: prefill the joining requests into ``running``, then one decoding step."""
+        running.admit(joining)
+        return running.step(should_abort=lambda: self._aborting)
 
     # ---------------------------------------------------------------- weights
 
@@ -192,7 +219,8 @@ class HFRolloutServer:
         return {name: tensor.detach().to("cpu", copy=True) for name, tensor in self.model.state_dict().items()}
 
     async def stats(self) -> dict[str, Any]:
-        """The sizes of the batches generated so far and the weights' ``global_steps``."""
+        """The number of requests each prefill took in (the first of a running batch, and each group that
+        joined it), in order, and the weights' ``global_steps``."""
         return {"batch_sizes": list(self.batch_sizes), "global_steps": self.global_steps}
 
     # ---------------------------------------------------------------- control plane
