@@ -313,10 +313,9 @@ class _RowCountingModel(torch.nn.Module):
         return self.model(**kwargs)
 
 
-def test_a_request_that_arrives_mid_batch_joins_it_before_its_next_step():
-    """A request sent while a batch decodes is prefilled alone and then decoded in the same forward passes as the
-    running rows (3 rows a step), not after them; every reply equals the request's unbatched run."""
-    model = cpu_utils.tiny_qwen2()
+def _late_request(model):
+    """Two greedy requests decode (8 tokens each, EOS ignored); a third arrives while the batch runs its third
+    forward pass. Returns (the three replies in order, the server, the (rows, positions) of every forward pass)."""
     counting = _RowCountingModel(model)
     gated = _GatedModel(counting, pause_at=3)
     server = _server(gated, response_length=8, ignore_eos=True)
@@ -332,14 +331,21 @@ def test_a_request_that_arrives_mid_batch_joins_it_before_its_next_step():
         gated.release.set()
         return await asyncio.gather(*first, late)
 
-    outputs = asyncio.run(scenario())
+    return asyncio.run(scenario()), server, counting.shapes
+
+
+def test_a_request_that_arrives_mid_batch_joins_it_before_its_next_step():
+    """A request sent while a batch decodes is prefilled alone and then decoded in the same forward passes as the
+    running rows (3 rows a step), not after them; every reply equals the request's unbatched run."""
+    model = cpu_utils.tiny_qwen2()
+    outputs, server, shapes = _late_request(model)
     assert server.batch_sizes == [2, 1], "the first two requests' prefill, then the late one's"
-    assert counting.shapes[3] == (1, 4), "the late request is prefilled right after the step it arrived in"
-    assert (3, 1) in counting.shapes, "the late request must decode in the running batch's steps"
+    assert shapes[3] == (1, 4), "the late request is prefilled right after the step it arrived in"
+    assert (3, 1) in shapes, "the late request must decode in the running batch's steps"
     # 2 prefills, the 7 decoding steps of the first rows (the late row in the last 6) and the late row's last 2:
     # 11 forward passes, where decoding it after the batch would take 16
-    assert len(counting.shapes) == 11
-    for out, request in zip(outputs, requests):
+    assert len(shapes) == 11
+    for out, request in zip(outputs, _requests([3, 6, 4], max_tokens=8)):
         alone = generate_batch(model, [request], [], cpu_utils.PAD_ID)[0]
         assert out.token_ids == alone.token_ids and out.log_probs == pytest.approx(alone.log_probs, abs=1e-5)
 
@@ -348,25 +354,12 @@ def test_a_cache_that_cannot_merge_makes_late_requests_wait_for_the_batch(monkey
     """Where the model's cache is not the plain dynamic one, a request that arrives mid-batch is decoded after the
     batch (16 forward passes, not 11), and a direct ``admit`` into a running batch is refused."""
     monkeypatch.setattr(generation, "_mergeable", lambda cache: False)
-    counting = _RowCountingModel(cpu_utils.tiny_qwen2())
-    gated = _GatedModel(counting, pause_at=3)
-    server = _server(gated, response_length=8, ignore_eos=True)
-    requests = _requests([3, 6, 4], max_tokens=8)
-    greedy = {"temperature": 0, "top_p": 1.0, "top_k": -1}
-
-    async def scenario():
-        first = [asyncio.create_task(server.generate(str(i), list(r.prompt_ids), greedy))
-                 for i, r in enumerate(requests[:2])]
-        assert await asyncio.to_thread(gated.reached.wait, 120), "the batch never reached its third forward pass"
-        late = asyncio.create_task(server.generate("late", list(requests[2].prompt_ids), greedy))
-        await asyncio.sleep(0)
-        gated.release.set()
-        return await asyncio.gather(*first, late)
-
-    outputs = asyncio.run(scenario())
-    assert server.batch_sizes == [2, 1] and len(counting.shapes) == 16 and (3, 1) not in counting.shapes
+    model = cpu_utils.tiny_qwen2()
+    outputs, server, shapes = _late_request(model)
+    assert server.batch_sizes == [2, 1] and len(shapes) == 16 and (3, 1) not in shapes
     assert [len(o.token_ids) for o in outputs] == [8, 8, 8]
-    running = generation.RunningBatch(counting, [], cpu_utils.PAD_ID)
+    requests = _requests([3, 6], max_tokens=8)
+    running = generation.RunningBatch(model, [], cpu_utils.PAD_ID)
     running.admit([(0, requests[0])])
     with pytest.raises(RuntimeError, match="cannot take rows while others decode"):
         running.admit([(1, requests[1])])
