@@ -11,6 +11,8 @@ the rollout generated against the rows' reply tokens (``group/tree_generated_tok
 independent sampling generates every row's reply, ratio 1), verl's ``timing_s/gen`` and ``timing_s/step``, each as
 a ratio to the independent run's, and each round's mean time in the server (``group/tree_round{l}_generate_s``).
 A shape is ``ROOTSxB1xB2...:SEGMENT_TOKENS``, e.g. ``2x2x2:4`` (2 roots, two levels of 2, a branch every 4 tokens).
+``--repeats R`` runs the whole sequence R times, each shape's ratios taken against the independent run of its own
+repeat, and reports their medians: the ratio moves by several hundredths between identical runs on a 2-core machine.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from __future__ import annotations
 import argparse
 import math
 from pathlib import Path
-from statistics import mean
+from statistics import mean, median
 from typing import Any, Optional
 
 from benchlib import REPO, LauncherRun, run_launcher, write_json
@@ -89,6 +91,22 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def median_ratios(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per tree shape (``rollout`` label): its gen and step seconds over those of the independent run of the same
+    ``repeat``, each repeat's ratio and their median. ``rows`` carry ``rollout``, ``repeat``, ``gen_s``, ``step_s``."""
+    base = {r["repeat"]: r for r in rows if r["rollout"] == "independent"}
+    out: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        if r["rollout"] == "independent":
+            continue
+        entry = out.setdefault(r["rollout"], {"gen": [], "step": []})
+        entry["gen"].append(r["gen_s"] / base[r["repeat"]]["gen_s"])
+        entry["step"].append(r["step_s"] / base[r["repeat"]]["step_s"])
+    for entry in out.values():
+        entry["median_gen"], entry["median_step"] = median(entry["gen"]), median(entry["step"])
+    return out
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--work-dir", type=Path, default=REPO / "runs/cpu-tiny", help="prepared tiny task")
@@ -99,10 +117,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--rollout", choices=("hf", "vllm"), default="hf", help="the rollout server")
     parser.add_argument("--branch-start", choices=("parent_done", "prefix_ready"), default="parent_done",
                         help="tree_rollout.branch_start of the tree runs")
+    parser.add_argument("--repeats", type=int, default=1, help="run the independent run and the shapes this many times")
     parser.add_argument("--json", type=Path, help="write the record here")
     args = parser.parse_args(argv)
     if args.steps < 2:
         raise SystemExit(f"--steps: need at least 2 (the first step is excluded), got {args.steps}")
+    if args.repeats < 1:
+        raise SystemExit(f"--repeats: need at least 1, got {args.repeats}")
     shapes = [parse_shape(s) for s in args.shapes.split(",") if s]
     sizes = {shape_size(s) for s in shapes}
     if len(sizes) != 1:
@@ -111,19 +132,30 @@ def main(argv: Optional[list[str]] = None) -> int:
     version = code_version()  # the code the runs run, read before they start
     args.log_dir.mkdir(parents=True, exist_ok=True)
     rows = []
-    for label, shape in [("independent", None)] + [(s, p) for s, p in zip(args.shapes.split(","), shapes)]:
-        log_path = args.log_dir / f"{label.replace(':', '_')}.log"
-        print(f"[tree bench] {label}, n = {n}, {args.steps} steps -> {log_path}", flush=True)
-        row = {"rollout": label if shape else "independent", "n": n, "shape": shape, "server": args.rollout,
-               "branch_start": args.branch_start if shape else None,
-               **summarize(run_one(n, shape, args.steps, args.work_dir.resolve(), log_path, args.rollout,
-                                   args.branch_start))}
-        rows.append(row)
-        print(f"[tree bench] {label}: generated/path {row['generated_over_path']:.3f}, gen {row['gen_s']:.2f} s, "
-              f"step {row['step_s']:.2f} s", flush=True)
-    print("\n" + table(rows))
+    runs = [("independent", None)] + [(s, p) for s, p in zip(args.shapes.split(","), shapes)]
+    for repeat in range(args.repeats):
+        for label, shape in runs:
+            stem = label.replace(":", "_") + (f"_r{repeat + 1}" if args.repeats > 1 else "")
+            log_path = args.log_dir / f"{stem}.log"
+            print(f"[tree bench] {label}, n = {n}, {args.steps} steps, repeat {repeat + 1}/{args.repeats} -> "
+                  f"{log_path}", flush=True)
+            row = {"rollout": label if shape else "independent", "n": n, "shape": shape, "server": args.rollout,
+                   "branch_start": args.branch_start if shape else None, "repeat": repeat,
+                   **summarize(run_one(n, shape, args.steps, args.work_dir.resolve(), log_path, args.rollout,
+                                       args.branch_start))}
+            rows.append(row)
+            print(f"[tree bench] {label}: generated/path {row['generated_over_path']:.3f}, gen {row['gen_s']:.2f} s, "
+                  f"step {row['step_s']:.2f} s", flush=True)
+    for repeat in range(args.repeats):
+        print("\n" + table([r for r in rows if r["repeat"] == repeat]))
+    ratios = median_ratios(rows)
+    for label, entry in ratios.items():
+        print(f"[tree bench] {label} / independent over {args.repeats} repeats: gen "
+              f"{', '.join(f'{v:.2f}' for v in entry['gen'])} (median {entry['median_gen']:.2f}), step "
+              f"{', '.join(f'{v:.2f}' for v in entry['step'])} (median {entry['median_step']:.2f})")
     if args.json:
-        write_json(args.json, {"steps": args.steps, "code_version": version, "runs": rows})
+        write_json(args.json, {"steps": args.steps, "repeats": args.repeats, "code_version": version, "runs": rows,
+                               "ratios": ratios})
     return 0
 
 

@@ -197,6 +197,22 @@ def test_tree_bench_summarizes_tokens_times_and_rounds_after_the_first_step():
     assert lines[3].split("|")[3:8] == [" 0.525 ", " 25.00 ", " 5.00 ", " 50.00 ", " 5.00 "]
 
 
+def test_tree_bench_takes_each_repeats_ratio_against_its_own_independent_run(tmp_path):
+    bench = _load("bench_tree_rollout")
+    rows = [{"rollout": "independent", "repeat": 0, "gen_s": 4.0, "step_s": 8.0},
+            {"rollout": "2x2x2:4", "repeat": 0, "gen_s": 5.0, "step_s": 8.8},
+            {"rollout": "independent", "repeat": 1, "gen_s": 2.0, "step_s": 5.0},
+            {"rollout": "2x2x2:4", "repeat": 1, "gen_s": 3.0, "step_s": 6.0},
+            {"rollout": "independent", "repeat": 2, "gen_s": 5.0, "step_s": 10.0},
+            {"rollout": "2x2x2:4", "repeat": 2, "gen_s": 5.0, "step_s": 9.0}]
+    ratios = bench.median_ratios(rows)["2x2x2:4"]
+    assert ratios["gen"] == [1.25, 1.5, 1.0] and ratios["median_gen"] == 1.25
+    assert ratios["step"] == pytest.approx([1.1, 1.2, 0.9]) and ratios["median_step"] == pytest.approx(1.1)
+    with pytest.raises(SystemExit, match="--repeats: need at least 1"):
+        bench.main(["--repeats", "0", "--log-dir", str(tmp_path / "logs")])
+    assert not (tmp_path / "logs").exists()
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # bench_gpu_runs: the CUDA runs' driver (its runs need a GPU; its inputs and records are checked here)
 
