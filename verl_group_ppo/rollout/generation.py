@@ -218,13 +218,14 @@ class RunningBatch:
         self._settings: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None  # temperature, top_k, top_p
         self._logits: Optional[torch.Tensor] = None  # (B, V): each row's next-token logits
         self._cache: Any = None  # the model's past_key_values over the L columns
+        self._plain_cache = False  # whether the cache is plain dynamic layers (:func:`_mergeable`), set at prefill
 
     def __len__(self) -> int:
         return len(self.rows)
 
     def accepts_joins(self) -> bool:
         """Whether :meth:`admit` may add rows now: the batch is empty, or its cache can be merged."""
-        return not self.rows or _mergeable(self._cache)
+        return not self.rows or self._plain_cache
 
     @torch.no_grad()
     def admit(self, keyed_requests: Sequence[tuple[Any, SamplingRequest]]) -> None:
@@ -248,6 +249,7 @@ class RunningBatch:
         rows = [_Row(key, request) for key, request in keyed_requests]
         if not self.rows:
             self.rows, self._mask, self._cache = rows, mask, out.past_key_values
+            self._plain_cache = _mergeable(self._cache)
             self._last_position, self._settings, self._logits = positions[:, -1:], settings, out.logits[:, -1, :]
             return
         width = max(self._mask.shape[1], mask.shape[1])
@@ -285,8 +287,9 @@ class RunningBatch:
             self._clear()
             return stopped
         if len(keep) < len(self.rows):
-            self._select(keep)
-            tokens = tokens[torch.tensor(keep, device=self.device)]
+            index = torch.tensor(keep, device=self.device)
+            self._select(keep, index)
+            tokens = tokens[index]
         self._mask = torch.cat([self._mask, torch.ones_like(self._mask[:, :1])], dim=1)
         self._last_position = self._last_position + 1
         out = self.model(input_ids=tokens.unsqueeze(-1), attention_mask=self._mask, position_ids=self._last_position,
@@ -294,16 +297,16 @@ class RunningBatch:
         self._cache, self._logits = out.past_key_values, out.logits[:, -1, :]
         return stopped
 
-    def _select(self, keep: list[int]) -> None:
-        """Keep the rows at ``keep`` (ascending) and drop the cache columns none of them attends to."""
-        index = torch.tensor(keep, device=self.device)
+    def _select(self, keep: list[int], index: torch.Tensor) -> None:
+        """Keep the rows at ``keep`` (ascending; ``index`` the same as a tensor on the batch's device) and drop the
+        cache columns none of them attends to."""
         self.rows = [self.rows[i] for i in keep]
         self._mask, self._last_position = self._mask[index], self._last_position[index]
         self._logits = self._logits[index]
         self._settings = tuple(t[index] for t in self._settings)
         self._cache.batch_select_indices(index)
         unused = int(self._mask.any(dim=0).long().argmax())  # leading columns that are padding in every row
-        if unused and _mergeable(self._cache):
+        if unused and self._plain_cache:
             self._mask = self._mask[:, unused:]
             for layer in self._cache.layers:
                 layer.keys, layer.values = layer.keys[..., unused:, :], layer.values[..., unused:, :]

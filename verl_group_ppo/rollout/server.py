@@ -162,19 +162,15 @@ class HFRolloutServer:
         steps = self.global_steps
         running = RunningBatch(self.model, self.eos_token_ids, self.pad_token_id, self.generator,
                                self.logprobs_mode, device=self.device)
-        callers: dict[int, _Pending] = {}
         try:
             while joining or len(running):
-                for pending in joining:
-                    callers[id(pending)] = pending
                 if joining:
                     self.batch_sizes.append(len(joining))
-                stopped = await asyncio.to_thread(self._advance, running,
-                                                  [(id(p), p.request) for p in joining])
-                _answer([callers.pop(key) for key, _ in stopped], [(c, steps) for _, c in stopped])
+                stopped = await asyncio.to_thread(self._advance, running, [(p, p.request) for p in joining])
+                _answer([pending for pending, _ in stopped], [(c, steps) for _, c in stopped])
                 joining = self._joiners(running)
         except Exception as exc:  # noqa: BLE001 - every caller of the batch gets the error
-            waiting = list(callers.values()) + [p for p in joining if id(p) not in callers]
+            waiting = [row.key for row in running.rows] + joining  # (a joiner already among the rows is answered once)
             logger.error("hf rollout: batch of %d failed: %s", len(waiting), exc, exc_info=exc)
             _answer(waiting, exc)
 
@@ -187,7 +183,7 @@ class HFRolloutServer:
         return self._take(room)
 
     def _advance(self, running: RunningBatch,
-                 joining: list[tuple[int, SamplingRequest]]) -> list[tuple[int, Completion]]:
+                 joining: list[tuple[_Pending, SamplingRequest]]) -> list[tuple[_Pending, Completion]]:
         """In a worker thread: prefill the joining requests into ``running``, then one decoding step."""
         running.admit(joining)
         return running.step(should_abort=lambda: self._aborting)
