@@ -28,7 +28,8 @@ import numpy as np
 import torch
 from benchlib import time_round_robin, write_json
 
-ESTIMATORS = ("gae", "grpo", "group_ppo", "group_ppo_outputs")
+#: ``segment_scan`` is step 4 of the pass alone (the TD residuals and the groups made once, outside the timing)
+ESTIMATORS = ("gae", "grpo", "group_ppo", "group_ppo_outputs", "segment_scan")
 
 
 def make_inputs(batch: int, length: int, device: str, seed: int = 0) -> dict:
@@ -60,7 +61,23 @@ def estimator_fn(name: str, x: dict) -> Callable[[], object]:
         "group_ppo_outputs": lambda: compute_group_ppo_outputs(x["rewards"], x["mask"], values=x["values"],
                                                                index=x["index"], settings=settings),
     }
+    if name == "segment_scan":
+        return _segment_scan_fn(x, settings)
     return calls[name]
+
+
+def _segment_scan_fn(x: dict, settings) -> Callable[[], object]:
+    """A zero-argument call of step 4's segment scan (lam = 0.95) on the TD residuals and the groups the whole
+    pass makes from the inputs ``x``, both made here, once."""
+    from verl_group_ppo.core_algos import compute_group_ppo_outputs
+    from verl_group_ppo.estimator import fast
+
+    outputs = compute_group_ppo_outputs(x["rewards"], x["mask"], values=x["values"], index=x["index"],
+                                        settings=settings)
+    batch = fast.prepare(x["rewards"], x["mask"], x["values"], x["index"], None, settings.group)
+    delta = fast.td_residuals(batch.values, batch, settings.gamma)
+    ends = outputs.endpoint_mask | batch.invalid
+    return lambda: fast.segment_scan(delta, ends, batch.invalid, settings.gamma, 0.95)
 
 
 def _rss_kib(field: str) -> int:
@@ -88,7 +105,7 @@ def peak_extra_bytes(name: str, batch: int, length: int, device: str) -> int:
         base = _rss_kib("VmRSS")
         out = fn()
         peak = (_rss_kib("VmHWM") - base) * 1024
-    outputs = out if isinstance(out, tuple) else vars(out).values()
+    outputs = (out,) if isinstance(out, torch.Tensor) else out if isinstance(out, tuple) else vars(out).values()
     out_bytes = sum(t.numel() * t.element_size() for t in outputs if isinstance(t, torch.Tensor))
     return max(0, peak - out_bytes)
 

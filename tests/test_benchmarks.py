@@ -259,3 +259,16 @@ def test_the_gpu_runs_record_a_failed_run_and_its_steps(tmp_path, monkeypatch):
     tree = gpu.run_one("tiny", "group_ppo", 2, work, tmp_path, timeout_s=10, variables=(("ROLLOUT", "tree"),))
     assert seen["env"]["ROLLOUT"] == "tree" and (tmp_path / "tiny-group_ppo-tree.json").is_file()
     assert "ROLLOUT=tree bash examples/cpu/run_tiny_group_ppo.sh" in tree["command"]
+
+
+def test_estimator_bench_times_every_estimator_and_the_scan_alone_against_verls_gae(tmp_path):
+    bench = _load("bench_estimators")
+    out = tmp_path / "est.json"
+    assert bench.main(["--device", "cpu", "--shapes", "8x64", "--repeats", "1", "--no-memory", "--json",
+                       str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert [r["estimator"] for r in rows] == list(bench.ESTIMATORS)
+    assert all(r["wall_s"] > 0 and r["ratio_to_gae"] > 0 for r in rows)
+    assert [r["ratio_to_gae"] for r in rows if r["estimator"] == "gae"] == [1.0]
+    with pytest.raises(SystemExit):
+        bench.main(["--device", "cpu", "--estimators", "gae,scan"])  # an unknown name fails before timing
