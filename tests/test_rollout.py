@@ -281,43 +281,45 @@ def test_server_batches_concurrent_requests_into_one_generate():
         assert out.stop_reason == "completed" and out.extra_fields == {"global_steps": None}
 
 
-class _GatedModel(torch.nn.Module):
+class _WrappedModel(torch.nn.Module):
+    """A causal LM around ``model`` that counts its forward passes (``calls``) and records the (rows, positions) of
+    each pass's input (``shapes``); subclasses act in :meth:`before` at a chosen pass."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model, self.calls, self.shapes = model, 0, []
+        self.generation_config, self.config = model.generation_config, model.config
+
+    def before(self) -> None:
+        """Called at the start of each forward pass, after ``calls`` counts it."""
+
+    def forward(self, **kwargs):
+        self.calls += 1
+        self.shapes.append(tuple(kwargs["input_ids"].shape))
+        self.before()
+        return self.model(**kwargs)
+
+
+class _GatedModel(_WrappedModel):
     """A causal LM whose ``pause_at``-th forward pass (1 = the prompt's) signals ``reached`` and then waits for
     ``release``: the test decides what happens while a batch is running, at a known decoding step."""
 
     def __init__(self, model, pause_at: int):
-        super().__init__()
-        self.model, self.pause_at, self.calls = model, pause_at, 0
-        self.generation_config, self.config = model.generation_config, model.config
+        super().__init__(model)
+        self.pause_at = pause_at
         self.reached, self.release = threading.Event(), threading.Event()
 
-    def forward(self, **kwargs):
-        self.calls += 1
+    def before(self) -> None:
         if self.calls == self.pause_at:
             self.reached.set()
             if not self.release.wait(timeout=120):
                 raise TimeoutError("the test never released the paused forward pass")
-        return self.model(**kwargs)
-
-
-class _RowCountingModel(torch.nn.Module):
-    """A causal LM that records the (rows, positions) of each forward pass's input."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.model, self.shapes = model, []
-        self.generation_config, self.config = model.generation_config, model.config
-
-    def forward(self, **kwargs):
-        self.shapes.append(tuple(kwargs["input_ids"].shape))
-        return self.model(**kwargs)
 
 
 def _late_request(model):
     """Two greedy requests decode (8 tokens each, EOS ignored); a third arrives while the batch runs its third
     forward pass. Returns (the three replies in order, the server, the (rows, positions) of every forward pass)."""
-    counting = _RowCountingModel(model)
-    gated = _GatedModel(counting, pause_at=3)
+    gated = _GatedModel(model, pause_at=3)
     server = _server(gated, response_length=8, ignore_eos=True)
     requests = _requests([3, 6, 4], max_tokens=8)
     greedy = {"temperature": 0, "top_p": 1.0, "top_k": -1, "logprobs": True}
@@ -331,7 +333,7 @@ def _late_request(model):
         gated.release.set()
         return await asyncio.gather(*first, late)
 
-    return asyncio.run(scenario()), server, counting.shapes
+    return asyncio.run(scenario()), server, gated.shapes
 
 
 def test_a_request_that_arrives_mid_batch_joins_it_before_its_next_step():
@@ -365,19 +367,16 @@ def test_a_cache_that_cannot_merge_makes_late_requests_wait_for_the_batch(monkey
         running.admit([(1, requests[1])])
 
 
-class _FailingModel(torch.nn.Module):
+class _FailingModel(_WrappedModel):
     """A causal LM whose ``fail_at``-th forward pass raises."""
 
     def __init__(self, model, fail_at: int):
-        super().__init__()
-        self.model, self.fail_at, self.calls = model, fail_at, 0
-        self.generation_config, self.config = model.generation_config, model.config
+        super().__init__(model)
+        self.fail_at = fail_at
 
-    def forward(self, **kwargs):
-        self.calls += 1
+    def before(self) -> None:
         if self.calls == self.fail_at:
             raise RuntimeError("forward pass failed on purpose")
-        return self.model(**kwargs)
 
 
 def test_a_failed_batch_answers_every_caller_with_the_error_and_the_server_goes_on():
