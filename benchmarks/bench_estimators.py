@@ -67,17 +67,14 @@ def estimator_fn(name: str, x: dict) -> Callable[[], object]:
 
 
 def _segment_scan_fn(x: dict, settings) -> Callable[[], object]:
-    """A zero-argument call of step 4's segment scan (lam = 0.95) on the TD residuals and the groups the whole
-    pass makes from the inputs ``x``, both made here, once."""
-    from verl_group_ppo.core_algos import compute_group_ppo_outputs
+    """A zero-argument call of step 4's segment scan, with the advantages' lambda, on the TD residuals (step 1)
+    and the group ends (step 2) of the inputs ``x``, both made here, once."""
     from verl_group_ppo.estimator import fast
 
-    outputs = compute_group_ppo_outputs(x["rewards"], x["mask"], values=x["values"], index=x["index"],
-                                        settings=settings)
     batch = fast.prepare(x["rewards"], x["mask"], x["values"], x["index"], None, settings.group)
     delta = fast.td_residuals(batch.values, batch, settings.gamma)
-    ends = outputs.endpoint_mask | batch.invalid
-    return lambda: fast.segment_scan(delta, ends, batch.invalid, settings.gamma, 0.95)
+    ends = fast.group_ends(delta, batch, settings.group, settings.group.group_variance_threshold)
+    return lambda: fast.segment_scan(delta, ends, batch.invalid, settings.gamma, settings.policy_lam)
 
 
 def _rss_kib(field: str) -> int:
@@ -105,7 +102,9 @@ def peak_extra_bytes(name: str, batch: int, length: int, device: str) -> int:
         base = _rss_kib("VmRSS")
         out = fn()
         peak = (_rss_kib("VmHWM") - base) * 1024
-    outputs = (out,) if isinstance(out, torch.Tensor) else out if isinstance(out, tuple) else vars(out).values()
+    if isinstance(out, torch.Tensor):
+        out = (out,)
+    outputs = out if isinstance(out, tuple) else vars(out).values()
     out_bytes = sum(t.numel() * t.element_size() for t in outputs if isinstance(t, torch.Tensor))
     return max(0, peak - out_bytes)
 

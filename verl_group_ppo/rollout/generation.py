@@ -287,9 +287,7 @@ class RunningBatch:
             self._clear()
             return stopped
         if len(keep) < len(self.rows):
-            index = torch.tensor(keep, device=self.device)
-            self._select(keep, index)
-            tokens = tokens[index]
+            tokens = tokens[self._select(keep)]
         self._mask = torch.cat([self._mask, torch.ones_like(self._mask[:, :1])], dim=1)
         self._last_position = self._last_position + 1
         out = self.model(input_ids=tokens.unsqueeze(-1), attention_mask=self._mask, position_ids=self._last_position,
@@ -297,9 +295,10 @@ class RunningBatch:
         self._cache, self._logits = out.past_key_values, out.logits[:, -1, :]
         return stopped
 
-    def _select(self, keep: list[int], index: torch.Tensor) -> None:
-        """Keep the rows at ``keep`` (ascending; ``index`` the same as a tensor on the batch's device) and drop the
-        cache columns none of them attends to."""
+    def _select(self, keep: list[int]) -> torch.Tensor:
+        """Keep the rows at ``keep`` (ascending) and drop the cache columns none of them attends to; returns ``keep``
+        as an index on the batch's device, for the caller's own per-row tensors."""
+        index = torch.tensor(keep, device=self.device)
         self.rows = [self.rows[i] for i in keep]
         self._mask, self._last_position = self._mask[index], self._last_position[index]
         self._logits = self._logits[index]
@@ -310,6 +309,7 @@ class RunningBatch:
             self._mask = self._mask[:, unused:]
             for layer in self._cache.layers:
                 layer.keys, layer.values = layer.keys[..., unused:, :], layer.values[..., unused:, :]
+        return index
 
     def _clear(self) -> None:
         self.rows = []
