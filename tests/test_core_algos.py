@@ -491,6 +491,25 @@ def test_the_pass_leaves_its_validated_inputs_as_they_were(group):
     assert torch.equal(steps.advantages, out.advantages) and torch.equal(steps.returns, out.returns)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_broadcast_spreads_each_group_value_over_its_valid_tokens_by_numpy_and_by_torch(dtype):
+    """Step 4's broadcast (numpy on CPU, torch's repeat_interleave and masked_scatter elsewhere): each group's value
+    on each of its valid tokens, bit for bit, 0 at masked positions, holes included."""
+    import verl_group_ppo.estimator.fast as fast
+
+    valid = torch.tensor([[True, True, False, True, True, True, False, False],
+                          [False, False, False, False, False, False, False, False],
+                          [True, True, True, True, True, True, True, True]])
+    sizes = torch.tensor([2, 1, 2, 3, 5])  # row 0: [0, 1] | [3] [4, 5]; row 2: [0, 1, 2] [3..7]
+    values = torch.tensor([1 / 3, -2.5, math.pi, 1e-30, -0.0], dtype=dtype)
+    expected = torch.zeros(3, 8, dtype=dtype)
+    for (row, start, size), value in zip([(0, 0, 2), (0, 3, 1), (0, 4, 2), (2, 0, 3), (2, 3, 5)], values):
+        expected[row, start:start + size] = value
+    by_numpy = fast.spread_runs(values, sizes, valid)
+    by_torch = torch.zeros(3, 8, dtype=dtype).masked_scatter_(valid, torch.repeat_interleave(values, sizes))
+    assert by_numpy.dtype == dtype and torch.equal(by_numpy, expected) and torch.equal(by_torch, expected)
+
+
 @pytest.mark.parametrize("rule", ["variance", "fixed", "low_prob", "turn"])
 def test_torch_gathers_equal_numpy_gathers(monkeypatch, rule):
     """Step 2's rounds and the gathers run on numpy arrays on CPU and with torch tensors elsewhere (CUDA): same

@@ -23,7 +23,8 @@ def check_mask(mask: Any, name: str) -> torch.Tensor:
     if mask.dtype == torch.bool:
         return mask
     valid = mask != 0
-    if mask.is_complex() or not torch.equal(valid.to(mask.dtype), mask):  # NaN fails too
+    # every nonzero entry is 1 when the ones are as many as the nonzeros (a NaN is nonzero and not 1)
+    if mask.is_complex() or int(torch.count_nonzero(mask == 1)) != int(torch.count_nonzero(valid)):
         raise ValueError(f"{name} must contain only 0 and 1")
     return valid
 

@@ -4,8 +4,8 @@
 inputs (:func:`prepare`) and reads the critic's outputs off the groups. The three places where the algorithm is
 sequential in time are computed with whole-tensor operations:
 
-- the next valid value of step 1 and the broadcast of step 4: index arithmetic (running counts of group starts)
-  and gathers;
+- the next valid value of step 1: a gather; the broadcast of step 4: each group's value repeated its size times
+  into the valid positions (groups never span a hole);
 - step 2's budget scan (a running sum that resets when it reaches a limit): a group surely starts after every
   token that alone reaches the budget and after every forced end; from these sure starts every chain of groups is
   followed at once, group by group, each group's end found by a binary search in float64 prefix sums
@@ -80,15 +80,9 @@ class Groups:
         return self.ends & self.valid
 
     @cached_property
-    def counts(self) -> torch.Tensor:
-        """(B, T) int32: the groups started in the row up to each position (a valid token's 1-based group id)."""
-        B, T = self.valid.shape
-        return torch.cumsum(self.first, 1, dtype=torch.int32, out=new_tensor((B, T), torch.int32, self.valid.device))
-
-    @cached_property
     def ids(self) -> torch.Tensor:
         """(B, T) long: the 1-based group ids of step 3, 0 at masked positions."""
-        return _masked_long(self.counts, self.valid)
+        return ids_from_starts(self.first, self.valid)
 
     @cached_property
     def slots(self) -> torch.Tensor:
@@ -99,19 +93,6 @@ class Groups:
     def sizes(self) -> torch.Tensor:
         """(G,) long: the valid tokens of each group, in the order of :attr:`slots` (groups never span a hole)."""
         return _flat_nonzero(self.endpoint_mask.view(-1)).sub_(self.slots).add_(1)
-
-    def token_groups(self) -> torch.Tensor:
-        """(B, T) long, a new tensor: each valid token's group as an index into :attr:`slots`; G (the number of
-        groups) at masked positions."""
-        B, T = self.valid.shape
-        per_row = self.counts[:, -1].to(torch.int64) if T else self.valid.new_zeros(B, dtype=torch.int64)
-        before = torch.cumsum(per_row, 0).sub_(per_row).sub_(1)  # (B,): the groups of the rows above, less 1
-        out = new_tensor((B, T), torch.int64, self.valid.device)
-        if out.device.type == "cpu":
-            np.add(self.counts.numpy(), before.numpy()[:, None], out=out.numpy())
-        else:
-            torch.add(self.counts, before.unsqueeze(1), out=out)
-        return _fill_where_(out, ~self.valid, len(self.slots))
 
 
 class _PolicyX(NamedTuple):
@@ -602,9 +583,23 @@ def _affine_scan(factor: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 def _broadcast_from_starts(heads: torch.Tensor, groups: Groups) -> torch.Tensor:
     """(B, T), a new tensor: every valid token carries its group's value of ``heads`` (G,), one per group in the
-    order of :attr:`Groups.slots` (A_k = X at s_k, as step 6 left it); masked positions carry 0."""
-    table = torch.cat([heads, heads.new_zeros(1)])  # index G: a masked position
-    return gather_flat(table, groups.token_groups())
+    order of :attr:`Groups.slots` (A_k = X at s_k, as step 6 left it); masked positions carry 0. Groups never span
+    a hole, so the groups in that order, each repeated :attr:`Groups.sizes` times, are the valid tokens in flat
+    order (:func:`spread_runs`)."""
+    return spread_runs(heads, groups.sizes, groups.valid)
+
+
+def spread_runs(values: torch.Tensor, sizes: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """(B, T), a new tensor: ``values`` (G,), each repeated ``sizes`` (G,) long times (``sizes`` summing to the
+    number of True in ``valid``), written in flat order into the True positions of ``valid`` (B, T) bool; 0
+    elsewhere. Copies only: every written value is one of ``values``, bit for bit."""
+    out = new_tensor(tuple(valid.shape), values.dtype, values.device)
+    if out.device.type == "cpu":  # numpy's repeat and boolean assignment: faster there than torch's
+        array = out.numpy()
+        array.fill(0)
+        array[valid.numpy()] = np.repeat(values.numpy(), sizes.numpy())
+        return out
+    return out.zero_().masked_scatter_(valid, torch.repeat_interleave(values, sizes))
 
 
 # --------------------------------------------------------------------------------------------------
