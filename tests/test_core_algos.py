@@ -492,7 +492,7 @@ def test_the_pass_leaves_its_validated_inputs_as_they_were(group):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_broadcast_spreads_each_group_value_over_its_valid_tokens_by_numpy_and_by_torch(dtype):
+def test_broadcast_writes_each_group_value_on_its_valid_tokens_by_numpy_and_by_torch(dtype):
     """Step 4's broadcast (numpy on CPU, torch's repeat_interleave and masked_scatter elsewhere): each group's value
     on each of its valid tokens, bit for bit, 0 at masked positions, holes included."""
     import verl_group_ppo.estimator.fast as fast
@@ -500,13 +500,16 @@ def test_broadcast_spreads_each_group_value_over_its_valid_tokens_by_numpy_and_b
     valid = torch.tensor([[True, True, False, True, True, True, False, False],
                           [False, False, False, False, False, False, False, False],
                           [True, True, True, True, True, True, True, True]])
-    sizes = torch.tensor([2, 1, 2, 3, 5])  # row 0: [0, 1] | [3] [4, 5]; row 2: [0, 1, 2] [3..7]
-    values = torch.tensor([1 / 3, -2.5, math.pi, 1e-30, -0.0], dtype=dtype)
+    ends = ~valid  # True at every masked position and at each group's last token: row 0 [0, 1] | [3] [4, 5],
+    ends[0, 1] = ends[0, 3] = ends[0, 5] = ends[2, 2] = ends[2, 7] = True  # row 2 [0, 1, 2] [3..7]
+    groups = fast.Groups(ends, valid)
+    assert groups.sizes.tolist() == [2, 1, 2, 3, 5]
+    heads = torch.tensor([1 / 3, -2.5, math.pi, 1e-30, -7.0], dtype=dtype)
     expected = torch.zeros(3, 8, dtype=dtype)
-    for (row, start, size), value in zip([(0, 0, 2), (0, 3, 1), (0, 4, 2), (2, 0, 3), (2, 3, 5)], values):
+    for (row, start, size), value in zip([(0, 0, 2), (0, 3, 1), (0, 4, 2), (2, 0, 3), (2, 3, 5)], heads):
         expected[row, start:start + size] = value
-    by_numpy = fast.spread_runs(values, sizes, valid)
-    by_torch = torch.zeros(3, 8, dtype=dtype).masked_scatter_(valid, torch.repeat_interleave(values, sizes))
+    by_numpy = fast._broadcast_from_starts(heads, groups)
+    by_torch = torch.zeros(3, 8, dtype=dtype).masked_scatter_(valid, torch.repeat_interleave(heads, groups.sizes))
     assert by_numpy.dtype == dtype and torch.equal(by_numpy, expected) and torch.equal(by_torch, expected)
 
 

@@ -584,22 +584,15 @@ def _affine_scan(factor: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 def _broadcast_from_starts(heads: torch.Tensor, groups: Groups) -> torch.Tensor:
     """(B, T), a new tensor: every valid token carries its group's value of ``heads`` (G,), one per group in the
     order of :attr:`Groups.slots` (A_k = X at s_k, as step 6 left it); masked positions carry 0. Groups never span
-    a hole, so the groups in that order, each repeated :attr:`Groups.sizes` times, are the valid tokens in flat
-    order (:func:`spread_runs`)."""
-    return spread_runs(heads, groups.sizes, groups.valid)
-
-
-def spread_runs(values: torch.Tensor, sizes: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """(B, T), a new tensor: ``values`` (G,), each repeated ``sizes`` (G,) long times (``sizes`` summing to the
-    number of True in ``valid``), written in flat order into the True positions of ``valid`` (B, T) bool; 0
-    elsewhere. Copies only: every written value is one of ``values``, bit for bit."""
-    out = new_tensor(tuple(valid.shape), values.dtype, values.device)
+    a hole, so the groups in that order, each repeated its :attr:`Groups.sizes` times, are the valid tokens in flat
+    order. Copies only: every token's value is its group's, bit for bit."""
+    out = new_tensor(tuple(groups.valid.shape), heads.dtype, heads.device)
     if out.device.type == "cpu":  # numpy's repeat and boolean assignment: faster there than torch's
-        array = out.numpy()
-        array.fill(0)
-        array[valid.numpy()] = np.repeat(values.numpy(), sizes.numpy())
+        advantages = out.numpy()
+        advantages.fill(0)
+        advantages[groups.valid.numpy()] = np.repeat(heads.numpy(), groups.sizes.numpy())  # A_k on group k's tokens
         return out
-    return out.zero_().masked_scatter_(valid, torch.repeat_interleave(values, sizes))
+    return out.zero_().masked_scatter_(groups.valid, torch.repeat_interleave(heads, groups.sizes))
 
 
 # --------------------------------------------------------------------------------------------------
