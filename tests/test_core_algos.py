@@ -492,7 +492,7 @@ def test_the_pass_leaves_its_validated_inputs_as_they_were(group):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_broadcast_writes_each_group_value_on_its_valid_tokens_by_numpy_and_by_torch(dtype):
+def test_broadcast_writes_each_group_value_on_its_valid_tokens_by_numpy_and_by_torch(dtype, monkeypatch):
     """Step 4's broadcast (numpy on CPU, torch's repeat_interleave and masked_scatter elsewhere): each group's value
     on each of its valid tokens, bit for bit, 0 at masked positions, holes included."""
     import verl_group_ppo.estimator.fast as fast
@@ -509,14 +509,15 @@ def test_broadcast_writes_each_group_value_on_its_valid_tokens_by_numpy_and_by_t
     for (row, start, size), value in zip([(0, 0, 2), (0, 3, 1), (0, 4, 2), (2, 0, 3), (2, 3, 5)], heads):
         expected[row, start:start + size] = value
     by_numpy = fast._broadcast_from_starts(heads, groups)
-    by_torch = torch.zeros(3, 8, dtype=dtype).masked_scatter_(valid, torch.repeat_interleave(heads, groups.sizes))
+    monkeypatch.setattr(fast, "_array", lambda x: x)  # the torch path, as off CPU
+    by_torch = fast._broadcast_from_starts(heads, groups)
     assert by_numpy.dtype == dtype and torch.equal(by_numpy, expected) and torch.equal(by_torch, expected)
 
 
 @pytest.mark.parametrize("rule", ["variance", "fixed", "low_prob", "turn"])
 def test_torch_gathers_equal_numpy_gathers(monkeypatch, rule):
-    """Step 2's rounds and the gathers run on numpy arrays on CPU and with torch tensors elsewhere (CUDA): same
-    results."""
+    """Step 2's rounds, step 4's broadcast and the gathers run on numpy arrays on CPU and with torch tensors elsewhere
+    (CUDA): same results."""
     import verl_group_ppo.estimator.fast as fast
 
     rewards, mask, values, olp, index = make_batch(47, 9, 33, "holes", junk=True, empty_rows=True)

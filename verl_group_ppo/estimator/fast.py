@@ -586,13 +586,15 @@ def _broadcast_from_starts(heads: torch.Tensor, groups: Groups) -> torch.Tensor:
     order of :attr:`Groups.slots` (A_k = X at s_k, as step 6 left it); masked positions carry 0. Groups never span
     a hole, so the groups in that order, each repeated its :attr:`Groups.sizes` times, are the valid tokens in flat
     order. Copies only: every token's value is its group's, bit for bit."""
-    out = new_tensor(tuple(groups.valid.shape), heads.dtype, heads.device)
-    if out.device.type == "cpu":  # numpy's repeat and boolean assignment: faster there than torch's
+    valid = _array(groups.valid)
+    if isinstance(valid, np.ndarray):  # CPU: numpy's repeat and boolean assignment, faster there than torch's
+        out = new_tensor(valid.shape, heads.dtype, heads.device)
         advantages = out.numpy()
         advantages.fill(0)
-        advantages[groups.valid.numpy()] = np.repeat(heads.numpy(), groups.sizes.numpy())  # A_k on group k's tokens
+        advantages[valid] = np.repeat(heads.numpy(), groups.sizes.numpy())  # A_k on group k's tokens
         return out
-    return out.zero_().masked_scatter_(groups.valid, torch.repeat_interleave(heads, groups.sizes))
+    out = torch.zeros(valid.shape, dtype=heads.dtype, device=heads.device)
+    return out.masked_scatter_(valid, torch.repeat_interleave(heads, groups.sizes))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -704,8 +706,8 @@ def _dot(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def _array(x: torch.Tensor) -> Union[torch.Tensor, np.ndarray]:
-    """``x`` as the array step 2's rounds of index arithmetic run on: a numpy view on CPU (less overhead per
-    call than torch's), else ``x``."""
+    """``x`` as the array step 2's rounds of index arithmetic and step 4's broadcast run on: a numpy view on CPU
+    (less overhead per call than torch's), else ``x``."""
     return x.numpy() if x.device.type == "cpu" else x
 
 
