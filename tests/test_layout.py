@@ -292,3 +292,21 @@ def test_quick_tests_that_start_a_process_fail(tmp_path):
     assert "ERROR test_tiers.py::test_unmarked" in done.stdout, done.stdout[-3000:]
     assert "is not marked @pytest.mark.slow" in done.stdout
     assert "2 deselected" in done.stdout  # test_marked, and test_ray_user through its ray_tq fixture
+
+
+def test_modules_that_share_the_session_ray_run_last_each_whole_and_in_order():
+    """tests/conftest.py runs the modules that use ray_tq after the others (main_ppo runs then start no process beside
+    that session's Ray), each module's tests together and in their order, and the other modules' order kept."""
+    import importlib.util
+    from types import SimpleNamespace
+
+    spec = importlib.util.spec_from_file_location("tiers_conftest", Path(__file__).with_name("conftest.py"))
+    tiers = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tiers)
+    collected = [("test_a.py::test_1", ("tmp_path",)), ("test_a.py::test_2", ("local_ray",)), ("test_r.py::test_1", ()),
+                 ("test_r.py::test_2", ("ray_tq",)), ("test_r.py::test_3[x]", ()), ("test_b.py::test_1", ()),
+                 ("test_s.py::test_1", ("ray_tq",)), ("test_c.py::test_1", ())]
+    items = [SimpleNamespace(nodeid=f"tests/{name}", fixturenames=fixtures) for name, fixtures in collected]
+    assert [item.nodeid.removeprefix("tests/") for item in tiers.shared_ray_modules_last(items)] == [
+        "test_a.py::test_1", "test_a.py::test_2", "test_b.py::test_1", "test_c.py::test_1",
+        "test_r.py::test_1", "test_r.py::test_2", "test_r.py::test_3[x]", "test_s.py::test_1"]
