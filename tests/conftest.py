@@ -85,8 +85,11 @@ def shared_ray_modules_last(items: list) -> list:
     """``items`` with every module that uses the session's Ray (``ray_tq``) moved to the end, each module whole and
     in its own order (a module fixture is set up once). That Ray stays up until the session ends, and a process
     started beside it (a ``main_ppo`` run starts a dozen) runs slower: about 6 s of a 70 s run on 2 cores."""
-    shared = {item.nodeid.split("::")[0] for item in items if "ray_tq" in getattr(item, "fixturenames", ())}
-    return sorted(items, key=lambda item: item.nodeid.split("::")[0] in shared)  # stable: order kept within each part
+    def module(item) -> str:
+        return item.nodeid.split("::")[0]
+
+    shared = {module(item) for item in items if "ray_tq" in getattr(item, "fixturenames", ())}
+    return sorted(items, key=lambda item: module(item) in shared)  # stable: order kept within each part
 
 
 @pytest.fixture(autouse=True)
