@@ -434,19 +434,24 @@ def _assert_groups_dump_renders(rollouts: Path, html: Path) -> None:
 
 
 @pytest.mark.slow
-def test_grpo_baseline_runs_two_steps(tiny_task, tmp_path):
+def test_grpo_baseline_with_its_replies_sampled_as_a_tree_runs_two_steps(tiny_task, tmp_path, monkeypatch):
     # The baseline without a critic (a reference model and verl's KL loss instead): the plugin leaves verl's worker
-    # layout to it. gae differs from the group_ppo runs above only in verl's own advantage estimator, which
-    # tests/test_trainer.py checks through the plugin's trainer (test_other_estimators_get_verls_trainer_behaviour).
-    # verl recomputes the old log-probs here (no bypass), and logs how far they are from the rollout's
+    # layout and advantage estimator to it. gae differs from the group_ppo runs above only in verl's own advantage
+    # estimator, which tests/test_trainer.py checks through the plugin's trainer
+    # (test_other_estimators_get_verls_trainer_behaviour). Its replies are sampled as a tree (ROLLOUT=tree, the
+    # tree+GRPO arm of the comparisons; the group_ppo runs above sample them independently). verl recomputes the old
+    # log-probs here (no bypass), and logs how far they are from the rollout's
+    monkeypatch.setenv("ROLLOUT", "tree")
     steps = run_main_ppo(tiny_task, "grpo", f"trainer.default_local_dir={tmp_path / 'ckpt'}",
                          "algorithm.rollout_correction.bypass_mode=False")
     assert_trained(steps, [1, 2], critic=False)
     # The hf rollout and the fp32 actor give the same token probabilities, before and after the step-1 update
-    # (weight sync exact): what lets the launcher reuse the rollout's log-probs. In bf16 this is ~2e-2.
+    # (weight sync exact), on the tokens a row generated and on the prefix it copied from its parent: what lets the
+    # launcher reuse the rollout's log-probs. In bf16 this is ~2e-2.
     for step in (1, 2):
         assert steps[step]["training/rollout_probs_diff_max"] < 1e-4, (step, steps[step])
-    assert not any(k.startswith("group/") for m in steps.values() for k in m)
+        assert 0 < steps[step]["group/tree_generated_tokens"] < steps[step]["group/tree_path_tokens"], steps[step]
+    assert all(k.startswith("group/tree_") for m in steps.values() for k in m if k.startswith("group/"))
     assert (tmp_path / "ckpt" / "global_step_2").is_dir()  # the launcher saves at the last step
 
 
@@ -468,17 +473,15 @@ def small_model_task(tmp_path_factory) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.skipif(not vllm_installed(), reason=VLLM_SKIP_REASON)
-def test_tree_rollout_runs_on_verls_vllm_rollout_at_two_ranks_and_dumps_each_rows_tree_position(
+def test_tree_rollout_runs_on_verls_vllm_rollout_and_dumps_each_rows_tree_position(
         small_model_task, tmp_path, monkeypatch):
-    # ROLLOUT=tree VALUE_SOURCE=prefix_tree on two vLLM replicas: a prompt's 4 samples meet in one agent-loop
-    # worker whichever replica serves them; each asks only for its tail, a root in pieces (branch_start:
-    # prefix_ready, the hf rollout's tree test runs the default)
+    # ROLLOUT=tree VALUE_SOURCE=prefix_tree on verl's vLLM rollout (one rank; the hf rollout's tree test runs two):
+    # each sample asks only for its tail, a root in pieces (branch_start: prefix_ready, the hf test runs the default)
     monkeypatch.setenv("ROLLOUT", "tree")
     monkeypatch.setenv("VALUE_SOURCE", "prefix_tree")
-    monkeypatch.setenv("N_RANKS", "2")
     dump = tmp_path / "rollouts"
     steps, output = run_main_ppo_logged(small_model_task, "group_ppo", f"trainer.default_local_dir={tmp_path / 'ckpt'}",
-                                        *TWO_RANKS_FSDP1, "actor_rollout_ref.rollout.name=vllm",
+                                        "actor_rollout_ref.rollout.name=vllm",
                                         "++tree_rollout.branch_start=prefix_ready",
                                         f"trainer.rollout_data_dir={dump}")
     assert_trained(steps, [1, 2], critic=False)
@@ -556,14 +559,17 @@ def test_launcher_rollout_tree_sets_the_tree_agent_loop_its_shape_and_the_segmen
 
 
 @pytest.mark.slow
-def test_tree_rollout_with_prefix_tree_values_trains_without_a_critic_on_fewer_generated_tokens(tiny_task,
-                                                                                                 monkeypatch):
-    # ROLLOUT=tree VALUE_SOURCE=prefix_tree: each prompt's 4 replies are one tree (2 roots, branching [2]), each
-    # reply generating only its tail; groups are the tree's segments
+def test_tree_rollout_on_two_ranks_with_prefix_tree_values_trains_without_a_critic_on_fewer_generated_tokens(
+        tiny_task, monkeypatch):
+    # ROLLOUT=tree VALUE_SOURCE=prefix_tree on two hf rollout replicas: each prompt's 4 replies are one tree (2 roots,
+    # branching [2]) that meets in one agent-loop worker whichever replica serves a sample, each reply generating
+    # only its tail; groups are the tree's segments
     monkeypatch.setenv("ROLLOUT", "tree")
     monkeypatch.setenv("VALUE_SOURCE", "prefix_tree")
-    steps, output = run_main_ppo_logged(tiny_task, "group_ppo")
+    monkeypatch.setenv("N_RANKS", "2")
+    steps, output = run_main_ppo_logged(tiny_task, "group_ppo", *TWO_RANKS_FSDP1)
     assert_trained(steps, [1, 2], critic=False)
     assert "boundary_rule=tree" in output
+    assert len(_server_addresses(output)) == 2, _server_addresses(output)  # one replica per rank
     for step, m in steps.items():
         assert 0 < m["group/tree_generated_tokens"] < m["group/tree_path_tokens"], (step, m)
