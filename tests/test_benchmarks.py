@@ -197,6 +197,26 @@ def test_tree_bench_summarizes_tokens_times_and_rounds_after_the_first_step():
     assert lines[3].split("|")[3:8] == [" 0.525 ", " 25.00 ", " 5.00 ", " 50.00 ", " 5.00 "]
 
 
+def test_hf_server_tree_bench_takes_each_ratio_against_the_independent_arm_of_its_repeat_and_cache(tmp_path):
+    bench = _load("bench_hf_server_tree")
+    counts = {"prefills": 1, "prefill_tokens": 100, "decoding_steps": 10, "cache_hits": 0}
+    records = [{"cache": cache, "arm": arm, "repeat": repeat, "seconds": seconds, **counts}
+               for cache, arm, repeat, seconds in [
+                   ("off", "independent", 0, 1.0), ("off", "tree", 0, 1.5), ("off", "independent", 1, 2.0),
+                   ("off", "tree", 1, 2.2), ("off", "independent", 2, 1.0), ("off", "tree", 2, 1.2),
+                   ("on", "independent", 0, 0.5), ("on", "tree", 0, 0.4)]]
+    rows = {(r["cache"], r["arm"]): r for r in bench.summarize(records)}
+    assert rows[("off", "tree")]["ratio"] == pytest.approx(1.2) and rows[("off", "tree")]["seconds"] == 1.5
+    assert rows[("on", "tree")]["ratio"] == pytest.approx(0.8) and rows[("off", "independent")]["ratio"] == 1.0
+    assert ("on", "tree_prefix_ready") not in rows
+    line = bench.table(bench.summarize(records)).splitlines()[3]
+    assert line.split("|")[1:9] == [" off ", " tree ", " 1.500 ", " 1.20 ", " 1 ", " 100 ", " 10 ", " 0 "]
+    with pytest.raises(SystemExit, match="--n 2"):
+        bench.main(["--n", "1", "--work-dir", str(tmp_path)])
+    with pytest.raises(SystemExit, match="--work-dir: .* has no prepared tiny task"):
+        bench.main(["--work-dir", str(tmp_path)])
+
+
 def test_tree_bench_takes_each_repeats_ratio_against_its_own_independent_run(tmp_path):
     bench = _load("bench_tree_rollout")
     rows = [{"rollout": "independent", "repeat": 0, "gen_s": 4.0, "step_s": 8.0},

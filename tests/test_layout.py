@@ -224,10 +224,12 @@ def test_package_reaches_none_of_the_forbidden_ones(package, forbidden):
 
 
 def test_the_maths_task_uses_only_the_hf_rollouts_sampling_and_nothing_of_the_cpu_backend():
-    # prepare measures the model as the hf rollout samples; nothing else of the rollout, nothing of the backend
+    # prepare measures the model as the hf rollout samples (its batch and the batch's prefix cache); nothing else of
+    # the rollout, nothing of the backend
     graph = _import_graph()
     reached = {m for name in graph if _in_package(name, "verl_group_ppo.tasks.maths") for m in _reachable(graph, name)}
-    assert {m for m in reached if _in_package(m, "verl_group_ppo.rollout")} == {"verl_group_ppo.rollout.generation"}
+    assert {m for m in reached if _in_package(m, "verl_group_ppo.rollout")} == {
+        "verl_group_ppo.rollout.generation", "verl_group_ppo.rollout.prefix_cache"}
     assert not {m for m in reached if _in_package(m, "verl_group_ppo.cpu")}
 
 

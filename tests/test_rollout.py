@@ -23,6 +23,7 @@ from verl_group_ppo.rollout import generation, sampler
 from verl_group_ppo.rollout.adapter import HFRolloutAdapter
 from verl_group_ppo.rollout.generation import SamplingRequest, generate_batch
 from verl_group_ppo.rollout.model import server_device, visible_device_count
+from verl_group_ppo.rollout.prefix_cache import PrefixCache
 from verl_group_ppo.rollout.replica import HFRolloutReplica
 from verl_group_ppo.rollout.requests import resolve_max_tokens, to_sampling_request
 from verl_group_ppo.rollout.server import HFRolloutServer, server_actor_name
@@ -459,6 +460,148 @@ def test_tied_embeddings_count_as_synced_through_either_name():
     names = {n for n, _ in model.named_parameters(remove_duplicate=False)} - {"lm_head.weight"}
     assert server_module._unsynced_parameters(model, names) == set()
     assert server_module._unsynced_parameters(model, names - {"model.norm.weight"}) == {"model.norm.weight"}
+
+
+# ==================================================================================================
+# the prefix cache: a request that continues a finished reply starts from its cache
+
+
+def _cache_entry(tokens, layers=2, heads=2, dim=3):
+    kv = [(torch.randn(heads, len(tokens), dim), torch.randn(heads, len(tokens), dim)) for _ in range(layers)]
+    return kv
+
+
+def test_prefix_cache_finds_a_finished_row_that_holds_all_of_a_prompt_but_its_last_token():
+    cache = PrefixCache(max_tokens=100)
+    prompt, reply = (5, 6, 7), (8, 9, 10, 11)
+    kv = _cache_entry(prompt + reply[:-1])
+    cache.add(prompt, prompt + reply[:-1], kv)
+    branch = cache.lookup(prompt + reply[:2])  # a branch at the parent's third token: tokens 5 6 7 8 held
+    assert branch is not None and len(branch) == 2
+    assert torch.equal(branch[0][0], kv[0][0][:, :4]) and torch.equal(branch[1][1], kv[1][1][:, :4])
+    assert cache.lookup(prompt + reply) is not None, "the next piece of the same reply (all 6 held tokens)"
+    assert cache.lookup(prompt) is not None, "the same prompt again"
+    assert cache.lookup(prompt + reply + (12,)) is None, "one token more than the row holds"
+    assert cache.lookup((5, 6, 9, 8)) is None, "parts from the row inside the prompt"
+    assert cache.lookup((5,)) is None, "a one-token prompt has nothing to reuse"
+    assert (cache.hits, cache.misses, cache.reused_tokens) == (3, 3, 4 + 6 + 2)
+
+
+def test_prefix_cache_keeps_at_most_max_tokens_dropping_the_least_recently_used_row():
+    cache = PrefixCache(max_tokens=10)
+    rows = [(1, 2, 3, 4), (1, 5, 6, 7), (1, 8, 9, 10)]
+    for row in rows[:2]:
+        cache.add(row[:2], row, _cache_entry(row))
+    assert cache.lookup(rows[0] + (0,)) is not None  # the first row is now the most recently used
+    cache.add(rows[2][:2], rows[2], _cache_entry(rows[2]))
+    assert len(cache) == 2 and cache.tokens == 8
+    assert cache.lookup(rows[1] + (0,)) is None and cache.lookup(rows[0] + (0,)) is not None
+    cache.add((1,), tuple(range(1, 12)), _cache_entry(tuple(range(1, 12))))
+    assert len(cache) == 2, "a row longer than the whole cache is not kept"
+    cache.clear()
+    assert len(cache) == 0 and cache.tokens == 0 and cache.lookup(rows[0] + (0,)) is None
+
+
+def test_prefix_cache_refuses_a_row_whose_cache_does_not_match_its_tokens():
+    with pytest.raises(ValueError, match="max_tokens=0"):
+        PrefixCache(max_tokens=0)
+    cache = PrefixCache(max_tokens=100)
+    with pytest.raises(ValueError, match="columns per layer"):
+        cache.add((1, 2), (1, 2, 3), _cache_entry((1, 2)))
+    with pytest.raises(ValueError, match="start with prompt_ids"):
+        cache.add((1, 2), (1, 3, 3), _cache_entry((1, 3, 3)))
+
+
+def test_a_branch_of_a_finished_reply_skips_its_prefill_and_decodes_as_it_would_alone():
+    """A parent reply finishes; a branch (its prompt plus the parent's first three reply tokens) and a fresh request
+    join the batch while another row decodes. The branch enters from the parent's cache with its last prompt token
+    fed in the decoding step (no prefill of its own), and every greedy reply and log-prob equals its unbatched
+    run without a cache."""
+    model = _WrappedModel(cpu_utils.tiny_qwen2())
+    parent, other, fresh = _requests([5, 9, 4], max_tokens=6)
+    cache = PrefixCache(max_tokens=1000)
+    running = generation.RunningBatch(model, [], cpu_utils.PAD_ID, prefix_cache=cache)
+    running.admit([("parent", parent), ("other", dataclasses.replace(other, max_tokens=12))])
+    done = {}
+    while "parent" not in done:
+        done.update(running.step())
+    assert len(cache) == 1 and cache.tokens == 5 + 6 - 1, "the parent's prompt and reply but its last token"
+    branch = SamplingRequest(parent.prompt_ids + tuple(done["parent"].token_ids[:3]), max_tokens=6, temperature=0.0)
+    shapes_before = len(model.shapes)
+    running.admit([("branch", branch), ("fresh", fresh)])
+    assert [shape for shape in model.shapes[shapes_before:]] == [(1, 4)], "only the fresh request is prefilled"
+    assert len(running) == 3 and running.keys() == ["other", "fresh", "branch"]
+    while len(running):
+        done.update(running.step())
+    assert all(shape[1] == 1 for shape in model.shapes[shapes_before + 1:]), "the branch entered in a decoding step"
+    assert (cache.hits, cache.reused_tokens) == (1, len(branch.prompt_ids) - 1)
+    for key, request in {"parent": parent, "branch": branch, "fresh": fresh,
+                         "other": dataclasses.replace(other, max_tokens=12)}.items():
+        alone = generate_batch(model.model, [request], [], cpu_utils.PAD_ID)[0]
+        assert done[key].token_ids == alone.token_ids, key
+        assert done[key].log_probs == pytest.approx(alone.log_probs, abs=1e-5), key
+
+
+def test_a_branch_enters_an_empty_batch_from_the_cache():
+    model = _WrappedModel(cpu_utils.tiny_qwen2())
+    parent = _requests([6], max_tokens=5)[0]
+    cache = PrefixCache(max_tokens=1000)
+    running = generation.RunningBatch(model, [], cpu_utils.PAD_ID, prefix_cache=cache)
+    running.admit([("parent", parent)])
+    first = dict(running.step())
+    while not first:
+        first = dict(running.step())
+    branch = SamplingRequest(parent.prompt_ids + tuple(first["parent"].token_ids[:2]), max_tokens=4, temperature=0.0)
+    calls = model.calls
+    running.admit([("branch", branch)])
+    assert model.calls == calls and len(running) == 1 and running.accepts_joins()
+    done = {}
+    while len(running):
+        done.update(running.step())
+    alone = generate_batch(model.model, [branch], [], cpu_utils.PAD_ID)[0]
+    assert done["branch"].token_ids == alone.token_ids
+    assert done["branch"].log_probs == pytest.approx(alone.log_probs, abs=1e-5)
+    assert model.calls - calls == 4, "one decoding step per token (the last sampled token is never fed)"
+
+
+def test_requests_with_one_prompt_are_prefilled_once_and_an_abort_returns_cache_hits_empty():
+    model = _WrappedModel(cpu_utils.tiny_qwen2())
+    first, second = _requests([5, 7], max_tokens=4)
+    cache = PrefixCache(max_tokens=1000)
+    running = generation.RunningBatch(model, [], cpu_utils.PAD_ID, prefix_cache=cache)
+    running.admit([(0, first), (1, second), (2, first), (3, first)])
+    assert model.shapes == [(2, 7)], "two distinct prompts, one prefill row each"
+    done = {}
+    while len(running):
+        done.update(running.step())
+    for key, request in enumerate([first, second, first, first]):
+        alone = generate_batch(model.model, [request], [], cpu_utils.PAD_ID)[0]
+        assert done[key].token_ids == alone.token_ids and done[key].log_probs == pytest.approx(alone.log_probs,
+                                                                                                abs=1e-5), key
+    running.admit([("again", first)])  # the finished rows hold the prompt: a cache hit, not yet in a step
+    assert running.keys() == ["again"]
+    stopped = running.step(should_abort=lambda: True)
+    assert stopped[0][0] == "again" and stopped[0][1].aborted and stopped[0][1].token_ids == []
+    assert len(running) == 0
+
+
+def test_server_prefix_cache_follows_the_rollout_config_and_is_emptied_at_every_weight_load():
+    server = _server(cpu_utils.tiny_qwen2(seed=0), prompt_length=32, response_length=6, max_num_seqs=4)
+    assert server.prefix_cache is not None and server.prefix_cache.max_tokens == 4 * (32 + 6)
+    assert _server(cpu_utils.tiny_qwen2(), enable_prefix_caching=False).prefix_cache is None
+    request = _requests([5])[0]
+    greedy = {"temperature": 0, "top_p": 1.0, "top_k": -1}
+
+    async def twice():
+        first = await server.generate("a", list(request.prompt_ids), greedy)
+        await server.generate("b", list(request.prompt_ids) + list(first.token_ids[:2]), greedy)
+        return await server.stats()
+
+    stats = asyncio.run(twice())
+    assert stats["prefix_hits"] == 1 and stats["prefix_reused_tokens"] == 5 + 2 - 1 and len(server.prefix_cache)
+    named = {n: p.detach() for n, p in cpu_utils.tiny_qwen2(seed=1).named_parameters()}
+    asyncio.run(server.load_weights(named, global_steps=1))
+    assert len(server.prefix_cache) == 0, "keys and values of the old weights must not continue a reply"
 
 
 # ==================================================================================================

@@ -25,6 +25,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 import torch
 
 from verl_group_ppo.critic_readout import left_pad, position_ids
+from verl_group_ppo.rollout.prefix_cache import KV, PrefixCache
 
 LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs")
 
@@ -180,6 +181,15 @@ class _Row:
     log_probs: list[float] = field(default_factory=list)
 
 
+@dataclass
+class _Warm:
+    """A request whose prompt but its last token is in the prefix cache: it enters the batch at the next decoding
+    step with that cache, its last prompt token fed in the step's forward pass."""
+
+    row: _Row
+    kv: KV
+
+
 class RunningBatch:
     """A left-padded batch with a KV cache that requests join and leave between decoding steps (continuous
     batching): :meth:`admit` prefills new prompts and merges them into the running rows, :meth:`step` samples one
@@ -192,6 +202,12 @@ class RunningBatch:
     wait until the batch is empty. Seeded sampling draws from ``generator`` for the rows present at each step, so
     which tokens a seed gives depends on which requests ran together, as on any batching server.
 
+    With a ``prefix_cache`` (plain caches only): requests with the same prompt in one :meth:`admit` are prefilled
+    once and their cache copied; a request whose prompt but its last token a finished row already ran
+    (:class:`~verl_group_ppo.rollout.prefix_cache.PrefixCache`) skips the prefill and joins at the next
+    :meth:`step`, its last prompt token fed in that step's forward pass; and every row that stops leaves its cache
+    there.
+
     Args:
         model: an HF causal LM, already on ``device``.
         eos_token_ids: the tokens that end a reply (kept as its last token).
@@ -199,11 +215,13 @@ class RunningBatch:
         generator: the seeded sampler's generator, on ``device``'s kind (:func:`check_generator_device`).
         logprobs_mode: ``processed_logprobs`` or ``raw_logprobs`` (the module docstring).
         device: where every tensor lives; default the model's device.
+        prefix_cache: the server's cache of finished rows, read at :meth:`admit` and written as rows stop; None: no
+            reuse.
     """
 
     def __init__(self, model: Any, eos_token_ids: Sequence[int], pad_token_id: int,
                  generator: Optional[torch.Generator] = None, logprobs_mode: str = "processed_logprobs",
-                 device: Optional[Device] = None) -> None:
+                 device: Optional[Device] = None, prefix_cache: Optional[PrefixCache] = None) -> None:
         self.model = model
         self.device = resolve_device(model, device)
         check_generator_device(generator, self.device)
@@ -212,7 +230,9 @@ class RunningBatch:
                              f"{LOGPROBS_MODES}")
         self.generator, self.logprobs_mode, self.pad_token_id = generator, logprobs_mode, pad_token_id
         self.eos_set = frozenset(int(t) for t in eos_token_ids)
+        self.prefix_cache = prefix_cache
         self.rows: list[_Row] = []
+        self._warm: list[_Warm] = []  # prefix-cache hits that enter at the next step
         self._mask: Optional[torch.Tensor] = None  # (B, L) long: 1 where a row attends to a cache column
         self._last_position: Optional[torch.Tensor] = None  # (B, 1) long: the position of each row's last input
         self._settings: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None  # temperature, top_k, top_p
@@ -221,79 +241,164 @@ class RunningBatch:
         self._plain_cache = False  # whether the cache is plain dynamic layers (:func:`_mergeable`), set at prefill
 
     def __len__(self) -> int:
-        return len(self.rows)
+        return len(self.rows) + len(self._warm)
+
+    def keys(self) -> list[Any]:
+        """The keys of every request in the batch, those about to enter from the prefix cache included."""
+        return [row.key for row in self.rows] + [warm.row.key for warm in self._warm]
 
     def accepts_joins(self) -> bool:
         """Whether :meth:`admit` may add rows now: the batch is empty, or its cache can be merged."""
-        return not self.rows or self._plain_cache
+        return not len(self) or self._plain_cache
 
     @torch.no_grad()
     def admit(self, keyed_requests: Sequence[tuple[Any, SamplingRequest]]) -> None:
-        """Prefill ``keyed_requests`` ((key, request) pairs; the key comes back with the completion) as one
-        left-padded batch and add them to the running rows. Raises ``RuntimeError`` when rows are running and
-        the cache cannot be merged (:meth:`accepts_joins`)."""
+        """Add ``keyed_requests`` ((key, request) pairs; the key comes back with the completion) to the running rows:
+        prefilled as one left-padded batch, or, with a prefix cache, from the cache of a finished row at the next
+        :meth:`step` (class docstring). Raises ``RuntimeError`` when rows are running and the cache cannot be merged
+        (:meth:`accepts_joins`)."""
         if not keyed_requests:
             return
         if not self.accepts_joins():
             raise RuntimeError(f"the model's cache ({type(self._cache).__name__}) cannot take rows while others "
                                f"decode: admit new requests once the batch is empty")
+        cold = []
+        for key, request in keyed_requests:
+            kv = self.prefix_cache.lookup(request.prompt_ids) if self.prefix_cache is not None else None
+            if kv is None:
+                cold.append((key, request))
+            else:
+                self._warm.append(_Warm(_Row(key, request), kv))
+        if cold:
+            self._prefill(cold)
+
+    def _prefill(self, keyed_requests: Sequence[tuple[Any, SamplingRequest]]) -> None:
+        """Run the prompts of ``keyed_requests`` through the model (each distinct prompt once, with a prefix cache)
+        and add them to the running rows with their next-token logits."""
         requests = [request for _, request in keyed_requests]
-        input_ids, mask = left_pad([r.prompt_ids for r in requests], self.pad_token_id)
+        distinct: dict[tuple[int, ...], int] = {}
+        if self.prefix_cache is not None:
+            order = [distinct.setdefault(r.prompt_ids, len(distinct)) for r in requests]
+        prompts = list(distinct) if distinct else [r.prompt_ids for r in requests]
+        input_ids, mask = left_pad([list(p) for p in prompts], self.pad_token_id)
         input_ids, mask = input_ids.to(self.device), mask.to(self.device)
         positions = position_ids(mask)
         # logits of the last position only: the prompt's other logits are never read ([N, L, V] for a real vocabulary
         # is the largest tensor of the whole generation)
         out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True,
                          logits_to_keep=1)
+        cache, logits, positions = out.past_key_values, out.logits[:, -1, :], positions[:, -1:]
+        if len(prompts) < len(requests):  # copy each distinct prompt's rows to the requests that share it
+            index = torch.tensor(order, device=self.device)
+            cache.batch_select_indices(index)
+            mask, positions, logits = mask[index], positions[index], logits[index]
         settings = tuple(t.to(self.device) for t in _settings(requests))
         rows = [_Row(key, request) for key, request in keyed_requests]
         if not self.rows:
-            self.rows, self._mask, self._cache = rows, mask, out.past_key_values
+            self.rows, self._mask, self._cache = rows, mask, cache
             self._plain_cache = _mergeable(self._cache)
-            self._last_position, self._settings, self._logits = positions[:, -1:], settings, out.logits[:, -1, :]
+            self._last_position, self._settings, self._logits = positions, settings, logits
             return
         width = max(self._mask.shape[1], mask.shape[1])
-        self._cache = _merged_caches(self._cache, out.past_key_values, width)
+        self._cache = _merged_caches(self._cache, cache, width)
         self._mask = torch.cat([_pad_left(self._mask, width), _pad_left(mask, width)])
-        self._last_position = torch.cat([self._last_position, positions[:, -1:]])
+        self._last_position = torch.cat([self._last_position, positions])
         self._settings = tuple(torch.cat([old, new]) for old, new in zip(self._settings, settings))
-        self._logits = torch.cat([self._logits, out.logits[:, -1, :]])
+        self._logits = torch.cat([self._logits, logits])
         self.rows += rows
 
     @torch.no_grad()
     def step(self, should_abort: Optional[Callable[[], bool]] = None) -> list[tuple[Any, Completion]]:
         """Sample one token for every row; return (key, completion) for each row that stopped (at EOS or its
-        budget), remove them, and run the others one position further. When ``should_abort()`` is true no token
-        is sampled: every row returns ``aborted`` with the tokens it has, and the batch is left empty."""
-        if not self.rows:
+        budget), remove them, and run the others, with the prefix-cache hits that enter now, one position further.
+        When ``should_abort()`` is true no token is sampled: every row returns ``aborted`` with the tokens it has,
+        and the batch is left empty."""
+        if not len(self):
             return []
         if should_abort is not None and should_abort():
             stopped = [(row.key, Completion(row.token_ids, row.log_probs, stopped_at_eos=False, aborted=True))
-                       for row in self.rows]
+                       for row in self.rows + [warm.row for warm in self._warm]]
             self._clear()
             return stopped
-        temperature, top_k, top_p = self._settings
-        tokens, logprobs = sample_tokens(self._logits, temperature, top_k, top_p, self.generator, self.logprobs_mode)
-        stopped, keep = [], []
-        for index, (row, token, logprob) in enumerate(zip(self.rows, tokens.tolist(), logprobs.tolist())):
-            row.token_ids.append(token)
-            row.log_probs.append(logprob)
-            at_eos = token in self.eos_set
-            if at_eos or len(row.token_ids) >= row.request.max_tokens:
-                stopped.append((row.key, Completion(row.token_ids, row.log_probs, stopped_at_eos=at_eos)))
-            else:
-                keep.append(index)
-        if not keep:
-            self._clear()
+        stopped, tokens = [], None
+        if self.rows:
+            temperature, top_k, top_p = self._settings
+            tokens, logprobs = sample_tokens(self._logits, temperature, top_k, top_p, self.generator,
+                                             self.logprobs_mode)
+            keep, ended = [], []
+            for index, (row, token, logprob) in enumerate(zip(self.rows, tokens.tolist(), logprobs.tolist())):
+                row.token_ids.append(token)
+                row.log_probs.append(logprob)
+                at_eos = token in self.eos_set
+                if at_eos or len(row.token_ids) >= row.request.max_tokens:
+                    stopped.append((row.key, Completion(row.token_ids, row.log_probs, stopped_at_eos=at_eos)))
+                    ended.append(index)
+                else:
+                    keep.append(index)
+            if ended and self.prefix_cache is not None and self._plain_cache:
+                self._remember(ended)
+            if not keep:
+                warm, self._warm = self._warm, []
+                self._clear()
+                self._warm, tokens = warm, None
+            elif ended:
+                tokens = tokens[self._select(keep)]
+        if self._warm:
+            tokens = self._enter_warm(tokens)
+        if not self.rows:
             return stopped
-        if len(keep) < len(self.rows):
-            tokens = tokens[self._select(keep)]
         self._mask = torch.cat([self._mask, torch.ones_like(self._mask[:, :1])], dim=1)
         self._last_position = self._last_position + 1
         out = self.model(input_ids=tokens.unsqueeze(-1), attention_mask=self._mask, position_ids=self._last_position,
                          past_key_values=self._cache, use_cache=True)
         self._cache, self._logits = out.past_key_values, out.logits[:, -1, :]
         return stopped
+
+    def _remember(self, ended: list[int]) -> None:
+        """Leave the cache of the rows at ``ended`` (which stopped at this step, their last token not yet fed) in the
+        prefix cache. A row's columns are the last ones of the batch's (rows are left-padded)."""
+        for index in ended:
+            row = self.rows[index]
+            tokens = row.request.prompt_ids + tuple(row.token_ids[:-1])
+            held = int(self._mask[index].sum())
+            if held != len(tokens):
+                raise RuntimeError(f"hf rollout: a row's cache holds {held} columns for its {len(tokens)} tokens")
+            kv = [(layer.keys[index, :, -held:].clone(), layer.values[index, :, -held:].clone())
+                  for layer in self._cache.layers]
+            self.prefix_cache.add(row.request.prompt_ids, tokens, kv)
+
+    def _enter_warm(self, tokens: Optional[torch.Tensor]) -> torch.Tensor:
+        """Add the prefix-cache hits to the rows (their cache, mask, positions and settings) and return the step's
+        input tokens [B]: ``tokens`` for the running rows (None: none run), then each hit's last prompt token."""
+        warm, self._warm = self._warm, []
+        held = [w.kv[0][0].shape[-2] for w in warm]
+        width = max(held)
+        layers = [(torch.stack([_pad_left(w.kv[i][0], width) for w in warm]),
+                   torch.stack([_pad_left(w.kv[i][1], width) for w in warm])) for i in range(len(warm[0].kv))]
+        mask = torch.stack([torch.cat([torch.zeros(width - n, dtype=torch.long), torch.ones(n, dtype=torch.long)])
+                            for n in held]).to(self.device)
+        positions = torch.tensor([[n - 1] for n in held], device=self.device)
+        settings = tuple(t.to(self.device) for t in _settings([w.row.request for w in warm]))
+        last = torch.tensor([w.row.request.prompt_ids[-1] for w in warm], device=self.device)
+        if not self.rows:
+            from transformers.cache_utils import DynamicCache
+
+            self._cache = DynamicCache()
+            for i, (keys, values) in enumerate(layers):
+                self._cache.update(keys, values, i)
+            self._mask, self._last_position, self._settings = mask, positions, settings
+            self._plain_cache = True
+            self.rows = [w.row for w in warm]
+            return last
+        width = max(self._mask.shape[1], width)
+        for layer, (keys, values) in zip(self._cache.layers, layers):
+            layer.keys = torch.cat([_pad_left(layer.keys, width), _pad_left(keys, width)])
+            layer.values = torch.cat([_pad_left(layer.values, width), _pad_left(values, width)])
+        self._mask = torch.cat([_pad_left(self._mask, width), _pad_left(mask, width)])
+        self._last_position = torch.cat([self._last_position, positions])
+        self._settings = tuple(torch.cat([old, new]) for old, new in zip(self._settings, settings))
+        self.rows += [w.row for w in warm]
+        return torch.cat([tokens, last])
 
     def _select(self, keep: list[int]) -> torch.Tensor:
         """Keep the rows at ``keep`` (ascending) and drop the cache columns none of them attends to; returns ``keep``
@@ -312,7 +417,7 @@ class RunningBatch:
         return index
 
     def _clear(self) -> None:
-        self.rows = []
+        self.rows, self._warm = [], []
         self._mask = self._last_position = self._settings = self._logits = self._cache = None
 
 

@@ -3,7 +3,9 @@
 verl's agent loop calls ``generate`` (token-in/token-out) concurrently; the server gathers the first requests
 (until no new one arrived for ``gather_window_s``, at most ``max_gather_s``) into a running batch
 (:class:`verl_group_ppo.rollout.generation.RunningBatch`); requests that arrive while it decodes join it before its
-next step, and each is answered with a ``TokenOutput`` as soon as its own reply stops. It generates on the
+next step, and each is answered with a ``TokenOutput`` as soon as its own reply stops; with
+``enable_prefix_caching`` a request whose prompt continues a finished reply starts from that reply's cache
+(:mod:`~verl_group_ppo.rollout.prefix_cache`). It generates on the
 trainer's device kind (:mod:`~verl_group_ppo.rollout.model`), pauses and resumes for verl's partial rollout, and
 takes the actor's weights from the adapter in buckets (:meth:`HFRolloutServer.load_weights`) between batches.
 """
@@ -21,6 +23,7 @@ import torch
 from verl.workers.rollout.replica import TokenOutput
 from verl_group_ppo.rollout.generation import Completion, RunningBatch, SamplingRequest
 from verl_group_ppo.rollout.model import eos_and_pad, load_causal_lm, server_device, visible_device_count
+from verl_group_ppo.rollout.prefix_cache import PrefixCache
 from verl_group_ppo.rollout.requests import config_value, to_sampling_request
 
 logger = logging.getLogger("verl_group_ppo.rollout")
@@ -56,7 +59,9 @@ class HFRolloutServer:
 
     Args:
         config: the rollout config (``RolloutConfig`` or its DictConfig): lengths, ``seed``,
-            ``max_num_seqs`` (most rows decoding at once), ``logprobs_mode``, ``ignore_eos``.
+            ``max_num_seqs`` (most rows decoding at once), ``logprobs_mode``, ``ignore_eos``,
+            ``enable_prefix_caching`` (default true: keep finished rows' cache for requests that continue them, at
+            most ``max_num_seqs * (prompt_length + response_length)`` tokens, emptied at every weight load).
         model_config: the actor model config (``path``, ``override_config``, ``trust_remote_code``).
         replica_rank: this replica's rank (seeds the sampler with ``seed + replica_rank``).
         gather_window_s: an idle server starts decoding once no new request arrived for this long...
@@ -82,6 +87,10 @@ class HFRolloutServer:
         self.gather_window_s, self.max_gather_s = gather_window_s, max_gather_s
         self.max_batch_size = int(config_value(config, "max_num_seqs", 256))
         self.logprobs_mode = str(config_value(config, "logprobs_mode", "processed_logprobs"))
+        self.prefix_cache: Optional[PrefixCache] = None
+        if bool(config_value(config, "enable_prefix_caching", True)):
+            context = int(config_value(config, "prompt_length", 512)) + int(config_value(config, "response_length", 512))
+            self.prefix_cache = PrefixCache(max_tokens=self.max_batch_size * context)
         self.global_steps: Optional[int] = None
         self.batch_sizes: list[int] = []  # the requests that joined at each prefill, in order
         self._pending: list[_Pending] = []
@@ -161,7 +170,7 @@ class HFRolloutServer:
         rows, and every row that stopped is answered at once. An abort stops every row before its next token."""
         steps = self.global_steps
         running = RunningBatch(self.model, self.eos_token_ids, self.pad_token_id, self.generator,
-                               self.logprobs_mode, device=self.device)
+                               self.logprobs_mode, device=self.device, prefix_cache=self.prefix_cache)
         try:
             while joining or len(running):
                 if joining:
@@ -170,7 +179,7 @@ class HFRolloutServer:
                 _answer([pending for pending, _ in stopped], [(c, steps) for _, c in stopped])
                 joining = self._joiners(running)
         except Exception as exc:  # noqa: BLE001 - every caller of the batch gets the error
-            waiting = [row.key for row in running.rows] + joining  # (a joiner already among the rows is answered once)
+            waiting = running.keys() + joining  # (a joiner already among the rows is answered once)
             logger.error("hf rollout: batch of %d failed: %s", len(waiting), exc, exc_info=exc)
             _answer(waiting, exc)
 
@@ -199,6 +208,8 @@ class HFRolloutServer:
         parameters that were never sent.
         """
         async with self._state.model_lock:
+            if self.prefix_cache is not None:  # cached keys and values are the old weights'
+                self.prefix_cache.clear()
             copied = _copy_into(self.model, named_tensors)
             self._update.received |= set(named_tensors)
             if last:
@@ -216,8 +227,12 @@ class HFRolloutServer:
 
     async def stats(self) -> dict[str, Any]:
         """The number of requests each prefill took in (the first of a running batch, and each group that
-        joined it), in order, and the weights' ``global_steps``."""
-        return {"batch_sizes": list(self.batch_sizes), "global_steps": self.global_steps}
+        joined it), in order; the weights' ``global_steps``; and the prefix cache's hits, misses and the prompt
+        tokens its hits reused (zeros without one)."""
+        cache = self.prefix_cache
+        return {"batch_sizes": list(self.batch_sizes), "global_steps": self.global_steps,
+                "prefix_hits": cache.hits if cache else 0, "prefix_misses": cache.misses if cache else 0,
+                "prefix_reused_tokens": cache.reused_tokens if cache else 0}
 
     # ---------------------------------------------------------------- control plane
 
