@@ -267,8 +267,9 @@ class RunningBatch:
             kv = self.prefix_cache.lookup(request.prompt_ids) if self.prefix_cache is not None else None
             if kv is None:
                 cold.append((key, request))
-            else:
+            else:  # the cache holds rows of plain caches only, so more rows may join this batch meanwhile
                 self._warm.append(_Warm(_Row(key, request), kv))
+                self._plain_cache = True
         if cold:
             self._prefill(cold)
 
@@ -276,10 +277,11 @@ class RunningBatch:
         """Run the prompts of ``keyed_requests`` through the model (each distinct prompt once, with a prefix cache)
         and add them to the running rows with their next-token logits."""
         requests = [request for _, request in keyed_requests]
-        distinct: dict[tuple[int, ...], int] = {}
-        if self.prefix_cache is not None:
-            order = [distinct.setdefault(r.prompt_ids, len(distinct)) for r in requests]
-        prompts = list(distinct) if distinct else [r.prompt_ids for r in requests]
+        prompts, order = [r.prompt_ids for r in requests], None
+        if self.prefix_cache is not None:  # each distinct prompt once; order[i]: request i's row among them
+            distinct: dict[tuple[int, ...], int] = {}
+            order = [distinct.setdefault(prompt, len(distinct)) for prompt in prompts]
+            prompts = list(distinct)
         input_ids, mask = left_pad([list(p) for p in prompts], self.pad_token_id)
         input_ids, mask = input_ids.to(self.device), mask.to(self.device)
         positions = position_ids(mask)
@@ -288,7 +290,7 @@ class RunningBatch:
         out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True,
                          logits_to_keep=1)
         cache, logits, positions = out.past_key_values, out.logits[:, -1, :], positions[:, -1:]
-        if len(prompts) < len(requests):  # copy each distinct prompt's rows to the requests that share it
+        if order is not None and len(prompts) < len(requests):  # copy each prompt's rows to the requests sharing it
             index = torch.tensor(order, device=self.device)
             cache.batch_select_indices(index)
             mask, positions, logits = mask[index], positions[index], logits[index]
