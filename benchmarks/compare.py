@@ -292,8 +292,9 @@ def spec_path(name: str, folder: Path = SPECS) -> Path:
 
 
 def code_version(repo: Path = REPO) -> dict[str, Any]:
-    """The tree's commit, ``git describe --always --dirty`` and whether it had uncommitted changes (None values
-    outside a git checkout)."""
+    """The tree's commit, ``git describe --always`` and whether its code had uncommitted changes: any tracked file
+    outside ``benchmarks/results`` (a bench that runs several commands rewrites its own records there as it goes).
+    None values outside a git checkout."""
     def git(*args: str) -> Optional[str]:
         try:
             return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=60,
@@ -301,8 +302,8 @@ def code_version(repo: Path = REPO) -> dict[str, Any]:
         except (OSError, subprocess.SubprocessError):
             return None
 
-    status = git("status", "--porcelain", "--untracked-files=no")
-    return {"commit": git("rev-parse", "HEAD"), "describe": git("describe", "--always", "--dirty", "--tags"),
+    status = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)benchmarks/results")
+    return {"commit": git("rev-parse", "HEAD"), "describe": git("describe", "--always", "--tags"),
             "dirty": None if status is None else status != ""}
 
 
