@@ -18,7 +18,8 @@ verl's rollout has three parts, one module each:
 
 What they use: :mod:`~verl_group_ppo.rollout.requests` turns a ``generate`` call's sampling parameters into a
 request, :mod:`~verl_group_ppo.rollout.model` loads the served model and picks its device, and
-:mod:`~verl_group_ppo.rollout.generation` samples a batch of requests with the model's KV cache.
+:mod:`~verl_group_ppo.rollout.generation` samples a batch of requests with the model's KV cache, and
+:mod:`~verl_group_ppo.rollout.prefix_cache` keeps finished replies' keys and values for requests that continue them.
 :mod:`~verl_group_ppo.rollout.sampler` is verl's replay buffer with a short poll interval, for trainer steps of a
 few seconds (any rollout).
 """

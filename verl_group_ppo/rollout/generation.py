@@ -3,7 +3,9 @@
 A :class:`RunningBatch` holds prompts left-padded as verl lays them out
 (:func:`verl_group_ppo.critic_readout.left_pad`) and runs them through the model with a KV cache, one decoding
 step for all rows at a time; requests join it between steps (their prompts prefilled and merged into the cache) and
-leave it as soon as they stop (continuous batching). :func:`generate_batch` runs one list of requests to the end.
+leave it as soon as they stop (continuous batching); with the server's prefix cache
+(:mod:`~verl_group_ppo.rollout.prefix_cache`) a request that continues a finished reply joins without a prefill.
+:func:`generate_batch` runs one list of requests to the end.
 Each row keeps its own sampling settings (temperature, top-p, top-k, token budget) and stops at its own EOS. For
 every sampled token it returns the token id and the log-probability of that token, as verl's rollout servers do
 (``TokenOutput.log_probs``).

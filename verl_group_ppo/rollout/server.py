@@ -92,7 +92,7 @@ class HFRolloutServer:
             context = int(config_value(config, "prompt_length", 512)) + int(config_value(config, "response_length", 512))
             self.prefix_cache = PrefixCache(max_tokens=self.max_batch_size * context)
         self.global_steps: Optional[int] = None
-        self.batch_sizes: list[int] = []  # the requests that joined at each prefill, in order
+        self.batch_sizes: list[int] = []  # how many requests joined the running batch each time any did, in order
         self._pending: list[_Pending] = []
         self._loop_state: Optional[_LoopState] = None
         self._paused, self._reject, self._aborting = False, False, False
@@ -226,8 +226,8 @@ class HFRolloutServer:
         return {name: tensor.detach().to("cpu", copy=True) for name, tensor in self.model.state_dict().items()}
 
     async def stats(self) -> dict[str, Any]:
-        """The number of requests each prefill took in (the first of a running batch, and each group that
-        joined it), in order; the weights' ``global_steps``; and the prefix cache's hits, misses and the prompt
+        """How many requests joined the running batch each time any did (the first of a batch, then each group that
+        joined it: prefilled, or from the prefix cache), in order; the weights' ``global_steps``; and the prefix cache's hits, misses and the prompt
         tokens its hits reused (zeros without one)."""
         cache = self.prefix_cache
         return {"batch_sizes": list(self.batch_sizes), "global_steps": self.global_steps,
