@@ -296,8 +296,13 @@ class RunningBatch:
             index = torch.tensor(order, device=self.device)
             cache.batch_select_indices(index)
             mask, positions, logits = mask[index], positions[index], logits[index]
-        settings = tuple(t.to(self.device) for t in _settings(requests))
-        rows = [_Row(key, request) for key, request in keyed_requests]
+        self._append([_Row(key, request) for key, request in keyed_requests], cache, mask, positions, logits)
+
+    def _append(self, rows: list[_Row], cache: Any, mask: torch.Tensor, positions: torch.Tensor,
+                logits: Optional[torch.Tensor]) -> None:
+        """Add ``rows`` with their model cache (N rows), mask [N, L'] long, last positions [N, 1] and next-token
+        logits [N, V] (None: the next forward pass gives them) to the running ones, both left-padded to one width."""
+        settings = tuple(t.to(self.device) for t in _settings([row.request for row in rows]))
         if not self.rows:
             self.rows, self._mask, self._cache = rows, mask, cache
             self._plain_cache = _mergeable(self._cache)
@@ -308,7 +313,8 @@ class RunningBatch:
         self._mask = torch.cat([_pad_left(self._mask, width), _pad_left(mask, width)])
         self._last_position = torch.cat([self._last_position, positions])
         self._settings = tuple(torch.cat([old, new]) for old, new in zip(self._settings, settings))
-        self._logits = torch.cat([self._logits, logits])
+        if logits is not None:
+            self._logits = torch.cat([self._logits, logits])
         self.rows += rows
 
     @torch.no_grad()
@@ -374,35 +380,21 @@ class RunningBatch:
     def _enter_warm(self, tokens: Optional[torch.Tensor]) -> torch.Tensor:
         """Add the prefix-cache hits to the rows (their cache, mask, positions and settings) and return the step's
         input tokens [B]: ``tokens`` for the running rows (None: none run), then each hit's last prompt token."""
+        from transformers.cache_utils import DynamicCache
+
         warm, self._warm = self._warm, []
         held = [w.kv[0][0].shape[-2] for w in warm]
         width = max(held)
-        layers = [(torch.stack([_pad_left(w.kv[i][0], width) for w in warm]),
-                   torch.stack([_pad_left(w.kv[i][1], width) for w in warm])) for i in range(len(warm[0].kv))]
+        cache = DynamicCache()
+        for i in range(len(warm[0].kv)):
+            cache.update(torch.stack([_pad_left(w.kv[i][0], width) for w in warm]),
+                         torch.stack([_pad_left(w.kv[i][1], width) for w in warm]), i)
         mask = torch.stack([torch.cat([torch.zeros(width - n, dtype=torch.long), torch.ones(n, dtype=torch.long)])
                             for n in held]).to(self.device)
         positions = torch.tensor([[n - 1] for n in held], device=self.device)
-        settings = tuple(t.to(self.device) for t in _settings([w.row.request for w in warm]))
         last = torch.tensor([w.row.request.prompt_ids[-1] for w in warm], device=self.device)
-        if not self.rows:
-            from transformers.cache_utils import DynamicCache
-
-            self._cache = DynamicCache()
-            for i, (keys, values) in enumerate(layers):
-                self._cache.update(keys, values, i)
-            self._mask, self._last_position, self._settings = mask, positions, settings
-            self._plain_cache = True
-            self.rows = [w.row for w in warm]
-            return last
-        width = max(self._mask.shape[1], width)
-        for layer, (keys, values) in zip(self._cache.layers, layers):
-            layer.keys = torch.cat([_pad_left(layer.keys, width), _pad_left(keys, width)])
-            layer.values = torch.cat([_pad_left(layer.values, width), _pad_left(values, width)])
-        self._mask = torch.cat([_pad_left(self._mask, width), _pad_left(mask, width)])
-        self._last_position = torch.cat([self._last_position, positions])
-        self._settings = tuple(torch.cat([old, new]) for old, new in zip(self._settings, settings))
-        self.rows += [w.row for w in warm]
-        return torch.cat([tokens, last])
+        self._append([w.row for w in warm], cache, mask, positions, logits=None)
+        return last if tokens is None else torch.cat([tokens, last])
 
     def _select(self, keep: list[int]) -> torch.Tensor:
         """Keep the rows at ``keep`` (ascending) and drop the cache columns none of them attends to; returns ``keep``
