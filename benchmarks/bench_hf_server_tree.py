@@ -1,7 +1,7 @@
 """What the ``hf`` rollout's server spends on a prompt's replies sampled as a tree against independent ones, and what
 its prefix cache (``actor_rollout_ref.rollout.enable_prefix_caching``) saves, with no trainer and no Ray around it.
 
-    python benchmarks/bench_hf_server_tree.py --work-dir runs/cpu-tiny --repeats 7 \
+    python benchmarks/bench_hf_server_tree.py --work-dir runs/cpu-tiny --repeats 9 \
         --json benchmarks/results/tree/cpu_hf_server.json
 
 The tiny task's model and its first ``--prompts`` training prompts (rendered with the model's chat template, as
@@ -49,7 +49,6 @@ class CountingModel(torch.nn.Module):
         self.counts = {"prefills": 0, "prefill_tokens": 0, "decoding_steps": 0}
 
     def forward(self, **kwargs: Any) -> Any:
-        rows, positions = kwargs["input_ids"].shape
         if kwargs.get("past_key_values") is None:
             self.counts["prefills"] += 1
             self.counts["prefill_tokens"] += int(kwargs["attention_mask"].sum())
@@ -63,16 +62,15 @@ def load_task(work_dir: Path, prompts: int) -> tuple[Any, list[list[int]], dict[
     import pandas as pd
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from verl_group_ppo.tasks.maths.evaluation import prompt_ids
+
     model_dir, data = work_dir / "model", work_dir / "data" / "train.parquet"
     if not model_dir.is_dir() or not data.is_file():
         raise SystemExit(f"--work-dir: {work_dir} has no prepared tiny task (model/ and data/train.parquet); "
                          f"run `bash examples/cpu/run_tiny_group_ppo.sh` or the launcher's prepare step first")
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     frame = pd.read_parquet(data).head(prompts)
-    ids = []
-    for messages in frame["prompt"]:
-        rendered = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
-        ids.append(list(rendered["input_ids"] if hasattr(rendered, "keys") else rendered))
+    ids = [prompt_ids(tokenizer, list(messages)) for messages in frame["prompt"]]
     settings = json.loads((work_dir / "data" / "prepare.json").read_text())["settings"]
     return AutoModelForCausalLM.from_pretrained(model_dir).eval(), ids, settings
 

@@ -247,7 +247,10 @@ class RunningBatch:
 
     def keys(self) -> list[Any]:
         """The keys of every request in the batch, those about to enter from the prefix cache included."""
-        return [row.key for row in self.rows] + [warm.row.key for warm in self._warm]
+        return [row.key for row in self._all_rows()]
+
+    def _all_rows(self) -> list[_Row]:
+        return self.rows + [warm.row for warm in self._warm]
 
     def accepts_joins(self) -> bool:
         """Whether :meth:`admit` may add rows now: the batch is empty, or its cache can be merged."""
@@ -327,7 +330,7 @@ class RunningBatch:
             return []
         if should_abort is not None and should_abort():
             stopped = [(row.key, Completion(row.token_ids, row.log_probs, stopped_at_eos=False, aborted=True))
-                       for row in self.rows + [warm.row for warm in self._warm]]
+                       for row in self._all_rows()]
             self._clear()
             return stopped
         stopped, tokens = [], None
@@ -348,9 +351,8 @@ class RunningBatch:
             if ended and self.prefix_cache is not None and self._plain_cache:
                 self._remember(ended)
             if not keep:
-                warm, self._warm = self._warm, []
-                self._clear()
-                self._warm, tokens = warm, None
+                self._clear_running()
+                tokens = None
             elif ended:
                 tokens = tokens[self._select(keep)]
         if self._warm:
@@ -413,7 +415,12 @@ class RunningBatch:
         return index
 
     def _clear(self) -> None:
-        self.rows, self._warm = [], []
+        self._warm = []
+        self._clear_running()
+
+    def _clear_running(self) -> None:
+        """Drop the running rows and their cache (prefix-cache hits waiting to enter stay)."""
+        self.rows = []
         self._mask = self._last_position = self._settings = self._logits = self._cache = None
 
 
